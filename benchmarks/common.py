@@ -1,0 +1,246 @@
+"""Helpers shared by the jaxcache benchmarks.
+
+Every benchmark runs under ``mpirun``; timings are taken per step on every rank
+and the slowest rank defines the step time. Ratios are always computed against
+a baseline measured in the same job.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from mpi4py import MPI  # must be imported before any MPI-using extension
+import numpy as np
+
+Shape = tuple[int, ...]
+COMM = MPI.COMM_WORLD
+SHAPES_ENV = "JAXCACHE_RESNET50_SHAPES"
+SHAPES_FILE = "resnet50_grad_shapes.json"
+
+
+def repo_root() -> Path:
+    """The repository root (the parent of ``benchmarks/``)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def _shapes_path() -> Path:
+    override = os.environ.get(SHAPES_ENV)
+    if override:
+        return Path(override)
+    root = repo_root()
+    for candidate in (root.parent / "shared" / SHAPES_FILE, root / "shared" / SHAPES_FILE):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"{SHAPES_FILE} not found in {root.parent / 'shared'} or {root / 'shared'}; "
+        f"set {SHAPES_ENV}"
+    )
+
+
+def resnet50_shapes() -> list[Shape]:
+    """The 161 ResNet-50 parameter shapes (25,557,032 float32 values)."""
+    entries = json.loads(_shapes_path().read_text())
+    return [tuple(int(d) for d in e["shape"]) for e in entries]
+
+
+def small_set(n: int = 1000, size: int = 1024) -> list[Shape]:
+    """``n`` one-dimensional tensors of ``size`` values each."""
+    return [(size,)] * n
+
+
+GRADIENT_SETS: dict[str, Callable[[], list[Shape]]] = {
+    "resnet50": resnet50_shapes,
+    "small": small_set,
+}
+
+
+def num_values(shapes: Iterable[Shape]) -> int:
+    return sum(math.prod(s) for s in shapes)
+
+
+def rank_tensor(shape: Shape, index: int, rank: int) -> np.ndarray:
+    """Deterministic float32 data; small integers keep every reduction exact."""
+    n = math.prod(shape)
+    base = (np.arange(n, dtype=np.int64) + 7 * index) % 13
+    return (base + rank).astype(np.float32).reshape(shape)
+
+
+def rank_tensors(shapes: Sequence[Shape], rank: int) -> list[np.ndarray]:
+    return [rank_tensor(s, i, rank) for i, s in enumerate(shapes)]
+
+
+def reference(shapes: Sequence[Shape], size: int, op: str) -> list[np.ndarray]:
+    """NumPy reference of ``rank_tensors`` reduced over ``size`` ranks (sum or average)."""
+    shift = size * (size - 1) / 2  # sum of the rank offsets
+    out = []
+    for i, s in enumerate(shapes):
+        total = rank_tensor(s, i, 0).astype(np.float64) * size + shift
+        out.append((total if op == "sum" else total / size).astype(np.float32))
+    return out
+
+
+def all_close(got: Sequence[Any], want: Sequence[np.ndarray]) -> bool:
+    """True if every array of ``got`` matches ``want`` (shape and values)."""
+    if len(got) != len(want):
+        return False
+    for g, w in zip(got, want):
+        g = np.asarray(g)
+        if g.shape != w.shape or not np.allclose(g, w, rtol=1e-6, atol=1e-6):
+            return False
+    return True
+
+
+def agree(flag: bool, comm: MPI.Comm = COMM) -> bool:
+    """Logical AND of ``flag`` over all ranks."""
+    return bool(comm.allreduce(bool(flag), op=MPI.LAND))
+
+
+def optional_import(name: str, attrs: Sequence[str] = ()) -> tuple[Any, str | None]:
+    """Import ``name`` on every rank; returns (module, None) or (None, reason).
+
+    ``attrs`` must all exist on the module, otherwise it counts as unavailable.
+    """
+    try:
+        module, reason = importlib.import_module(name), None
+        missing = [a for a in attrs if not hasattr(module, a)]
+        if missing:
+            module, reason = None, f"{name} lacks {', '.join(missing)}"
+    except Exception as exc:  # ImportError, OSError from a missing .so, ...
+        module, reason = None, f"{type(exc).__name__}: {exc}"
+    if not agree(module is not None):
+        return None, reason or "unavailable on another rank"
+    return module, None
+
+
+def free_port(comm: MPI.Comm = COMM) -> int:
+    """A free TCP port on rank 0, agreed by all ranks."""
+    port = 0
+    if comm.Get_rank() == 0:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    return int(comm.bcast(port, root=0))
+
+
+def timeit_steps(fn: Callable[[], Any], warmup: int, steps: int) -> list[float]:
+    """Per-step seconds of ``fn`` (which must block until done), after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def synced_steps(
+    fn: Callable[[], Any], warmup: int, steps: int, comm: MPI.Comm = COMM
+) -> list[float]:
+    """Per-step seconds, each step started after a barrier; the slowest rank counts."""
+    for _ in range(warmup):
+        fn()
+    local = np.empty(steps)
+    for i in range(steps):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        fn()
+        local[i] = time.perf_counter() - t0
+    slowest = np.empty_like(local)
+    comm.Allreduce(local, slowest, op=MPI.MAX)
+    return slowest.tolist()
+
+
+def synced_batches(
+    fn: Callable[[], Any], warmup: int, batches: int, iters: int, comm: MPI.Comm = COMM
+) -> list[float]:
+    """Per-call seconds averaged over ``iters`` back-to-back calls, one value per batch.
+
+    For latencies too small to time one call at a time; the slowest rank counts.
+    """
+    for _ in range(warmup):
+        fn()
+    local = np.empty(batches)
+    for b in range(batches):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        local[b] = (time.perf_counter() - t0) / iters
+    slowest = np.empty_like(local)
+    comm.Allreduce(local, slowest, op=MPI.MAX)
+    return slowest.tolist()
+
+
+def median(xs: Sequence[float]) -> float:
+    return float(np.median(xs))
+
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    return float(np.percentile(xs, q))
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Summary of per-step seconds."""
+
+    median: float
+    p10: float
+    p90: float
+    n: int
+
+    @classmethod
+    def of(cls, xs: Sequence[float]) -> "Stats":
+        return cls(median(xs), percentile(xs, 10), percentile(xs, 90), len(xs))
+
+
+def ratio(value: float | None, baseline: float | None) -> float | None:
+    if value is None or not baseline:
+        return None
+    return value / baseline
+
+
+def is_root(comm: MPI.Comm = COMM) -> bool:
+    return comm.Get_rank() == 0
+
+
+def say(*args: Any, comm: MPI.Comm = COMM, **kwargs: Any) -> None:
+    """Print on rank 0 only (``kwargs`` go to ``print``)."""
+    if is_root(comm):
+        print(*args, flush=True, **kwargs)
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if v == 0 or abs(v) >= 100:
+            return f"{v:.1f}"
+        if abs(v) >= 1:
+            return f"{v:.2f}"
+        return f"{v:.3g}"
+    return str(v)
+
+
+def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], comm: MPI.Comm = COMM) -> None:
+    """Print ``rows`` as a markdown table on rank 0; missing cells print as ``-``."""
+    if not is_root(comm):
+        return
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
+    print("\n".join(lines), flush=True)
+
+
+def dump_json(path: str | None, payload: dict[str, Any], comm: MPI.Comm = COMM) -> None:
+    """Write ``payload`` as JSON from rank 0 if ``path`` is given."""
+    if path and is_root(comm):
+        Path(path).write_text(json.dumps(payload, indent=2) + "\n")

@@ -1,0 +1,385 @@
+"""Gradient-set allreduce: jaxcache against raw MPI and peer libraries.
+
+    mpirun -np 2 python benchmarks/gradients.py [--steps 30] [--sets resnet50,small]
+        [--methods mpi_fused,mpi_per_tensor,...] [--json out.json]
+
+Each method reduces the same gradient set (a list of float32 arrays), is checked
+once against a NumPy reference, then timed per step (barrier before each step,
+slowest rank counts). The ratio column compares each median with the faster of
+the two raw-MPI methods of the same set in the same job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import common  # noqa: E402  (imports mpi4py.MPI first)
+from common import COMM, MPI, Shape, Stats  # noqa: E402
+import numpy as np  # noqa: E402
+
+BASELINES = ("mpi_fused", "mpi_per_tensor")
+DDP_BUCKET_BYTES = 25 * 1024 * 1024
+FLOOR_SCALE = 0.5
+MIN_STEPS = 5
+
+
+@dataclass
+class Bench:
+    """One prepared method: ``step`` runs one blocking step and returns its output."""
+
+    step: Callable[[], Any]
+    fetch: Callable[[Any], list[np.ndarray]]
+    expect: str  # "sum", "average" or "scale"
+
+
+@dataclass
+class Context:
+    """What a method builder gets: the set, this rank's data and the optional modules."""
+
+    shapes: list[Shape]
+    local: list[np.ndarray]
+    mods: dict[str, Any]
+    _jax_tree: list[Any] | None = None
+
+    @property
+    def size(self) -> int:
+        return COMM.Get_size()
+
+    def jax_tree(self) -> list[Any]:
+        """This rank's data as JAX arrays (created once per set)."""
+        if self._jax_tree is None:
+            jnp = self.mods["jax"].numpy
+            self._jax_tree = [jnp.asarray(a) for a in self.local]
+        return self._jax_tree
+
+
+def _split(flat: np.ndarray, shapes: Sequence[Shape]) -> list[np.ndarray]:
+    out, offset = [], 0
+    for s in shapes:
+        n = int(np.prod(s))
+        out.append(flat[offset : offset + n].reshape(s))
+        offset += n
+    return out
+
+
+def _jax_fetch(out: Any) -> list[np.ndarray]:
+    return [np.asarray(x) for x in out]
+
+
+# --- raw MPI limits ---------------------------------------------------------
+
+
+def build_mpi_fused(ctx: Context) -> Bench:
+    send = np.concatenate([a.reshape(-1) for a in ctx.local])
+    recv = np.empty_like(send)
+
+    def step() -> np.ndarray:
+        COMM.Allreduce(send, recv, op=MPI.SUM)
+        return recv
+
+    return Bench(step, lambda r: _split(r, ctx.shapes), "sum")
+
+
+def build_mpi_per_tensor(ctx: Context) -> Bench:
+    recvs = [np.empty_like(a) for a in ctx.local]
+
+    def step() -> list[np.ndarray]:
+        for a, r in zip(ctx.local, recvs):
+            COMM.Allreduce(a, r, op=MPI.SUM)
+        return recvs
+
+    return Bench(step, list, "sum")
+
+
+# --- JAX peers --------------------------------------------------------------
+
+
+def build_mpi4jax_leaf(ctx: Context) -> Bench:
+    jax, m4j, size = ctx.mods["jax"], ctx.mods["mpi4jax"], ctx.size
+
+    @jax.jit
+    def reduce(tree: list[Any]) -> list[Any]:
+        return [m4j.allreduce(x, op=MPI.SUM) / size for x in tree]
+
+    tree = ctx.jax_tree()
+    return Bench(lambda: jax.block_until_ready(reduce(tree)), _jax_fetch, "average")
+
+
+def build_mpi4jax_ravel(ctx: Context) -> Bench:
+    jax, m4j, size = ctx.mods["jax"], ctx.mods["mpi4jax"], ctx.size
+    ravel_pytree = jax.flatten_util.ravel_pytree
+    tree = ctx.jax_tree()
+    _, unravel = ravel_pytree(tree)
+
+    @jax.jit
+    def reduce(tree: list[Any]) -> list[Any]:
+        flat, _ = ravel_pytree(tree)
+        return unravel(m4j.allreduce(flat, op=MPI.SUM) / size)
+
+    return Bench(lambda: jax.block_until_ready(reduce(tree)), _jax_fetch, "average")
+
+
+def build_jax_floor(ctx: Context) -> Bench:
+    jax = ctx.mods["jax"]
+
+    @jax.jit
+    def reduce(tree: list[Any]) -> list[Any]:
+        return [x * FLOOR_SCALE for x in tree]
+
+    tree = ctx.jax_tree()
+    return Bench(lambda: jax.block_until_ready(reduce(tree)), _jax_fetch, "scale")
+
+
+def build_jaxcache(ctx: Context) -> Bench:
+    jax, jc = ctx.mods["jax"], ctx.mods["jaxcache"]
+
+    @jax.jit
+    def reduce(tree: list[Any]) -> list[Any]:
+        return jc.grouped_allreduce(tree, op="average")
+
+    tree = ctx.jax_tree()
+    return Bench(lambda: jax.block_until_ready(reduce(tree)), _jax_fetch, "average")
+
+
+def build_jaxcache_eager(ctx: Context) -> Bench:
+    jax, jc = ctx.mods["jax"], ctx.mods["jaxcache"]
+    tree = ctx.jax_tree()
+    step = lambda: jax.block_until_ready(jc.grouped_allreduce(tree, op="average"))  # noqa: E731
+    return Bench(step, _jax_fetch, "average")
+
+
+# --- PyTorch peer -----------------------------------------------------------
+
+
+def ddp_buckets(nbytes: Sequence[int], cap: int = DDP_BUCKET_BYTES) -> list[list[int]]:
+    """Tensor indices grouped like DDP: reverse order, a bucket closes once it reaches ``cap``."""
+    buckets: list[list[int]] = [[]]
+    filled = 0
+    for i in reversed(range(len(nbytes))):
+        buckets[-1].append(i)
+        filled += nbytes[i]
+        if filled >= cap:
+            buckets.append([])
+            filled = 0
+    return [b for b in buckets if b]
+
+
+def build_torch_gloo(ctx: Context) -> Bench:
+    torch = ctx.mods["torch"]
+    dist = torch.distributed
+    size = ctx.size
+    grads = [torch.from_numpy(a) for a in ctx.local]
+    outs = [torch.empty_like(g) for g in grads]
+    buckets = ddp_buckets([a.nbytes for a in ctx.local])
+
+    def step() -> list[Any]:
+        pending = []
+        for bucket in buckets:
+            flat = torch.cat([grads[i].reshape(-1) for i in bucket])
+            pending.append((bucket, flat, dist.all_reduce(flat, async_op=True)))
+        for bucket, flat, work in pending:
+            work.wait()
+            flat.div_(size)
+            chunks = flat.split([grads[i].numel() for i in bucket])
+            for i, chunk in zip(bucket, chunks):
+                outs[i].copy_(chunk.view_as(outs[i]))
+        return outs
+
+    return Bench(step, lambda out: [t.numpy() for t in out], "average")
+
+
+def init_torch_gloo(torch: Any) -> None:
+    """Join a gloo process group whose rendezvous is agreed through MPI."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(common.free_port())
+    os.environ["RANK"] = str(COMM.Get_rank())
+    os.environ["WORLD_SIZE"] = str(COMM.Get_size())
+    torch.distributed.init_process_group("gloo", init_method="env://")
+
+
+# --- registry and driver ----------------------------------------------------
+
+METHODS: dict[str, tuple[Callable[[Context], Bench], tuple[str, ...]]] = {
+    "mpi_fused": (build_mpi_fused, ()),
+    "mpi_per_tensor": (build_mpi_per_tensor, ()),
+    "mpi4jax_leaf": (build_mpi4jax_leaf, ("jax", "mpi4jax")),
+    "mpi4jax_ravel": (build_mpi4jax_ravel, ("jax", "mpi4jax")),
+    "torch_gloo": (build_torch_gloo, ("torch",)),
+    "jax_floor": (build_jax_floor, ("jax",)),
+    "jaxcache": (build_jaxcache, ("jax", "jaxcache")),
+    "jaxcache_eager": (build_jaxcache_eager, ("jax", "jaxcache")),
+}
+# A bare source directory would import as an empty namespace package: require the API.
+REQUIRED_ATTRS = {"jaxcache": ("init", "grouped_allreduce", "shutdown")}
+# Import order matters: mpi4py.MPI (via common) first, then jax, then MPI users.
+MODULE_ORDER = ("jax", "jax.flatten_util", "mpi4jax", "jaxcache", "torch")
+
+
+def load_modules(methods: Sequence[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Import the optional modules the chosen methods need; returns (modules, failures)."""
+    wanted = {m for name in methods for m in METHODS[name][1]}
+    if "jax" in wanted:
+        wanted.add("jax.flatten_util")
+    mods: dict[str, Any] = {}
+    failed: dict[str, str] = {}
+    for name in MODULE_ORDER:
+        if name not in wanted:
+            continue
+        module, reason = common.optional_import(name, REQUIRED_ATTRS.get(name, ()))
+        if module is None:
+            failed[name] = reason or "unavailable"
+        else:
+            mods[name] = module
+    return mods, failed
+
+
+def start_runtimes(mods: dict[str, Any], methods: Sequence[str], failed: dict[str, str]) -> None:
+    """Initialise jaxcache and the gloo group when their methods will run."""
+    if "jaxcache" in mods:
+        try:
+            mods["jaxcache"].init()
+        except Exception as exc:
+            failed["jaxcache"] = f"init failed: {exc}"
+            del mods["jaxcache"]
+    if "torch" in mods and "torch_gloo" in methods:
+        try:
+            init_torch_gloo(mods["torch"])
+        except Exception as exc:
+            failed["torch"] = f"gloo init failed: {exc}"
+            del mods["torch"]
+
+
+def stop_runtimes(mods: dict[str, Any]) -> None:
+    if "jaxcache" in mods:
+        mods["jaxcache"].shutdown()
+    if "torch" in mods and mods["torch"].distributed.is_initialized():
+        mods["torch"].distributed.destroy_process_group()
+
+
+def expected(ctx: Context, kind: str) -> list[np.ndarray]:
+    if kind == "scale":
+        return [a * np.float32(FLOOR_SCALE) for a in ctx.local]
+    return common.reference(ctx.shapes, ctx.size, kind)
+
+
+def capped_steps(step: Callable[[], Any], warmup: int, steps: int, budget_s: float) -> int:
+    """Timed steps that fit ``budget_s`` (at least ``MIN_STEPS``), agreed by all ranks."""
+    per_step = COMM.allreduce(max(common.timeit_steps(step, 0, 1)), op=MPI.MAX)
+    fit = int(budget_s / max(per_step, 1e-9)) - warmup
+    return max(min(steps, MIN_STEPS), min(steps, fit))
+
+
+def run_method(
+    name: str, ctx: Context, warmup: int, steps: int, budget_s: float
+) -> tuple[Stats | None, str]:
+    """Build, verify once, then time one method; returns (stats or None, note)."""
+    bench, note = None, ""
+    try:
+        bench = METHODS[name][0](ctx)
+        ok = common.all_close(bench.fetch(bench.step()), expected(ctx, bench.expect))
+        note = "" if ok else "WRONG RESULT"
+    except Exception as exc:
+        traceback.print_exc()
+        ok, note = False, f"error: {type(exc).__name__}: {exc}"
+    if not common.agree(ok):
+        return None, note or "failed on another rank"
+    n = capped_steps(bench.step, warmup, steps, budget_s)
+    if n < steps:
+        note = f"{note} only {n} steps (--method-budget)".strip()
+        warmup = min(warmup, 1)
+    times = common.synced_steps(bench.step, warmup, n)
+    return Stats.of(times), note
+
+
+def run_set(
+    set_name: str, methods: Sequence[str], mods: dict[str, Any], skipped: dict[str, str],
+    warmup: int, steps: int, budget_s: float,
+) -> list[dict[str, Any]]:
+    """All methods on one gradient set; rows carry medians and ratios vs raw MPI."""
+    shapes = common.GRADIENT_SETS[set_name]()
+    ctx = Context(shapes, common.rank_tensors(shapes, COMM.Get_rank()), mods)
+    size_mb = sum(a.nbytes for a in ctx.local) / 1e6
+    common.say(f"# set {set_name}: {len(shapes)} tensors, {size_mb:.1f} MB", file=sys.stderr)
+    rows = []
+    for name in methods:
+        row: dict[str, Any] = {"method": name, "set": set_name, "P": ctx.size}
+        if name in skipped:
+            row["note"] = f"skipped ({skipped[name]})"
+        else:
+            common.say(f"#   {name}", file=sys.stderr)
+            stats, note = run_method(name, ctx, warmup, steps, budget_s)
+            row["note"] = note
+            if stats is not None:
+                row.update(median_ms=stats.median * 1e3, p10_ms=stats.p10 * 1e3,
+                           p90_ms=stats.p90 * 1e3, steps=stats.n)
+        rows.append(row)
+        gc.collect()
+    medians = [r["median_ms"] for r in rows if r["method"] in BASELINES and "median_ms" in r]
+    best = min(medians) if medians else None
+    for r in rows:
+        r["ratio_vs_mpi"] = common.ratio(r.get("median_ms"), best)
+    return rows
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=30, help="timed steps per method (default 30)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps after the check")
+    p.add_argument("--sets", default="resnet50,small", help="comma list of: " + ",".join(common.GRADIENT_SETS))
+    p.add_argument("--methods", default=",".join(METHODS), help="comma list of: " + ",".join(METHODS))
+    p.add_argument("--method-budget", type=float, default=20.0,
+                   help="seconds one method may spend timing; slow methods run fewer steps")
+    p.add_argument("--json", default=None, help="write results to this JSON file (rank 0)")
+    args = p.parse_args(argv)
+    args.sets = [s for s in args.sets.split(",") if s]
+    args.methods = [m for m in args.methods.split(",") if m]
+    for s in args.sets:
+        if s not in common.GRADIENT_SETS:
+            p.error(f"unknown set {s!r}")
+    for m in args.methods:
+        if m not in METHODS:
+            p.error(f"unknown method {m!r}")
+    return args
+
+
+def with_baselines(methods: Sequence[str]) -> list[str]:
+    """Ratios need a raw-MPI baseline from the same job: add both if none was asked for."""
+    if any(m in BASELINES for m in methods):
+        return list(methods)
+    common.say("# no raw-MPI method chosen: adding mpi_fused,mpi_per_tensor as baselines", file=sys.stderr)
+    return [*BASELINES, *methods]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    methods = with_baselines(args.methods)
+    mods, failed = load_modules(methods)
+    start_runtimes(mods, methods, failed)
+    if "jaxcache" in failed:
+        common.say("jaxcache not available:", failed["jaxcache"])
+    skipped = {m: "; ".join(f"{d}: {failed[d]}" for d in deps if d in failed)
+               for m, (_, deps) in METHODS.items()
+               if any(d in failed for d in deps)}
+    rows: list[dict[str, Any]] = []
+    try:
+        for set_name in args.sets:
+            rows += run_set(set_name, methods, mods, skipped, args.warmup, args.steps,
+                            args.method_budget)
+    finally:
+        stop_runtimes(mods)
+    columns = ["method", "set", "P", "median_ms", "p10_ms", "p90_ms", "ratio_vs_mpi", "note"]
+    common.print_table(rows, columns)
+    common.dump_json(args.json, {"benchmark": "gradients", "P": COMM.Get_size(),
+                                 "steps": args.steps, "warmup": args.warmup, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Loads the C++ runtime, checks it against the running jaxlib, registers the FFI targets."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from mpi4py import MPI  # noqa: F401  (loads libmpi before the extension needs it)
+
+import jax
+import jaxlib
+
+SUPPORTED_JAX = ((0, 10), (0, 11))  # [min, max) of jax/jaxlib major.minor
+
+
+def _version_tuple(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(re.match(r"\d+", minor).group())
+
+
+def _check_jax_version() -> None:
+    lo, hi = SUPPORTED_JAX
+    for pkg, version in (("jax", jax.__version__), ("jaxlib", jaxlib.__version__)):
+        if not lo <= _version_tuple(version) < hi:
+            raise ImportError(
+                f"jaxcache supports {pkg} >={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]} but {pkg} "
+                f"{version} is installed; install a supported version or rebuild jaxcache "
+                f"against this one (pip install --no-cache-dir --force-reinstall jaxcache)"
+            )
+
+
+def _running_ffi_api_version() -> tuple[int, int] | None:
+    header = os.path.join(jax.ffi.include_dir(), "xla", "ffi", "api", "c_api.h")
+    try:
+        text = open(header).read()
+    except OSError:
+        return None
+    major = re.search(r"#define XLA_FFI_API_MAJOR (\d+)", text)
+    minor = re.search(r"#define XLA_FFI_API_MINOR (\d+)", text)
+    if not (major and minor):
+        return None
+    return int(major.group(1)), int(minor.group(1))
+
+
+_check_jax_version()
+try:
+    from . import _jaxcache_ext as ext
+except ImportError as e:  # pragma: no cover - depends on the installation
+    raise ImportError(
+        f"jaxcache's C++ extension failed to load ({e}). It must be built against the same MPI "
+        "that mpi4py uses (pip install 'jaxcache[mpich]' for the default MPICH wheel)."
+    ) from e
+
+BUILT_FFI_API = tuple(ext.ffi_api_version())
+RUNNING_FFI_API = _running_ffi_api_version()
+if RUNNING_FFI_API is not None and (
+    RUNNING_FFI_API[0] != BUILT_FFI_API[0] or RUNNING_FFI_API[1] < BUILT_FFI_API[1]
+):
+    raise ImportError(
+        f"jaxcache was built for XLA FFI API {BUILT_FFI_API[0]}.{BUILT_FFI_API[1]} but the "
+        f"installed jaxlib {jaxlib.__version__} provides {RUNNING_FFI_API[0]}.{RUNNING_FFI_API[1]}; "
+        "reinstall jaxcache so it builds against this jaxlib"
+    )
+
+for _name, _capsule in ext.registrations().items():
+    jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")

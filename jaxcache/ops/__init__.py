@@ -1,0 +1,1 @@
+"""Collective operations: one module per collective, validation kept apart from lowering."""

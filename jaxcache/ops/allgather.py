@@ -1,0 +1,102 @@
+"""allgather: concatenates every rank's array along axis 0 (a pytree is one request)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from .. import runtime
+from . import eager, naming, validation
+from .allreduce import allreduce_p
+
+allgather_p = Primitive("jaxcache_allgather")
+allgather_p.multiple_results = True
+
+
+def _gathered_shape(shape: tuple, size: int) -> tuple:
+    # A scalar gathers to a vector of one value per rank.
+    return (size,) if not shape else (size * shape[0], *shape[1:])
+
+
+def _abstract_eval(*avals, name, size):
+    return [jax.core.ShapedArray(_gathered_shape(a.shape, size), a.dtype) for a in avals]
+
+
+def _lowering(ctx, *args, name, size):
+    return jax.ffi.ffi_lowering("jaxcache_allgather")(ctx, *args, name=name)
+
+
+def _impl(*args, name, size):
+    return eager.run(eager.KIND_ALLGATHER, name, args, [_gathered_shape(a.shape, size) for a in args])
+
+
+def _jvp(primals, tangents, *, name, size):
+    out = allgather_p.bind(*primals, name=name, size=size)
+    tangents = [ad.instantiate_zeros(t) for t in tangents]
+    return out, allgather_p.bind(*tangents, name=naming.derived(name, "jvp"), size=size)
+
+
+def _transpose(cts, *args, name, size):
+    # Each rank's slice of the output came from its input: sum the cotangents over
+    # ranks and keep this rank's slice.
+    cts = [ad.instantiate_zeros(c) for c in cts]
+    summed = allreduce_p.bind(*cts, name=naming.derived(name, "T"), op="sum")
+    rank = runtime.rank()
+    out = []
+    for s, a in zip(summed, args):
+        shape = a.aval.shape
+        if not shape:
+            out.append(s[rank])
+        else:
+            out.append(jax.lax.dynamic_slice_in_dim(s, rank * shape[0], shape[0], axis=0))
+    return out
+
+
+def _batch(args, dims, *, name, size):
+    # Gather along the first unbatched axis: move the batch axis behind it.
+    moved = []
+    for a, d in zip(args, dims):
+        if d is batching.not_mapped:
+            moved.append(a)
+            continue
+        a = jnp.moveaxis(a, d, 0)
+        if a.ndim == 1:  # batched scalars
+            a = a[None, :]
+        else:
+            a = jnp.moveaxis(a, 0, 1)
+        moved.append(a)
+    out = allgather_p.bind(*moved, name=name, size=size)
+    out_dims = [batching.not_mapped if d is batching.not_mapped else 1 for d in dims]
+    return out, out_dims
+
+
+allgather_p.def_impl(_impl)
+allgather_p.def_abstract_eval(_abstract_eval)
+mlir.register_lowering(allgather_p, _lowering, platform="cpu")
+ad.primitive_jvps[allgather_p] = _jvp
+ad.primitive_transposes[allgather_p] = _transpose
+batching.primitive_batchers[allgather_p] = _batch
+
+
+def allgather(tree, *, name: str | None = None):
+    """Concatenates each rank's arrays along axis 0 (a scalar becomes a vector of `size`).
+
+    Every rank must pass the same shapes. A pytree is gathered leaf by leaf as one request.
+    """
+    runtime.require_initialized("jaxcache.allgather")
+    validation.check_name(name, "allgather")
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    if not leaves:
+        return tree
+    values = [validation.as_array(v, "allgather", f"leaf {jax.tree_util.keystr(p) or 'x'}")
+              for p, v in leaves]
+    name = naming.collective_name("allgather", name, values[0])
+    size = runtime.size()
+    if any(isinstance(v, jax.core.Tracer) for v in values):
+        out = allgather_p.bind(*values, name=name, size=size)
+    else:
+        out = eager.run(eager.KIND_ALLGATHER, name, values,
+                        [_gathered_shape(v.shape, size) for v in values])
+    return jax.tree_util.tree_unflatten(treedef, out)

@@ -1,0 +1,81 @@
+"""Input checks shared by the collectives; each error names the tensor and the value."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+# Wire codes of xla_ext/common.h ReduceOp; "average" is "sum" plus a postscale.
+REDUCE_OPS = {"sum": 0, "min": 1, "max": 2, "prod": 3}
+USER_OPS = ("sum", "average", "min", "max", "prod")
+
+SUPPORTED_DTYPES = frozenset(
+    np.dtype(t)
+    for t in (
+        np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+        np.uint64, np.float16, jnp.bfloat16, np.float32, np.float64, np.complex64, np.complex128,
+    )
+)
+
+
+def check_op(op: str, fn: str) -> str:
+    if not isinstance(op, str) or op.lower() not in USER_OPS:
+        raise ValueError(f"jaxcache.{fn}: op must be one of {', '.join(USER_OPS)}; got {op!r}")
+    return op.lower()
+
+
+def as_array(x, fn: str, what: str):
+    """Arrays, tracers and Python/NumPy scalars become jax values; anything else is refused."""
+    if isinstance(x, (jax.Array, jax.core.Tracer)):
+        value = x
+    elif isinstance(x, (np.ndarray, np.generic, bool, int, float, complex)):
+        value = jnp.asarray(x)
+    else:
+        raise TypeError(
+            f"jaxcache.{fn}: {what} must be an array or a number, got {type(x).__name__}"
+        )
+    if np.dtype(value.dtype) not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"jaxcache.{fn}: {what} has unsupported dtype {value.dtype}; supported: bool, "
+            "(u)int8-64, float16, bfloat16, float32, float64, complex64, complex128"
+        )
+    return value
+
+
+def check_reduction(dtype, op: str, prescale: float, postscale: float, fn: str, what: str) -> None:
+    dtype = np.dtype(dtype)
+    floating = jnp.issubdtype(dtype, jnp.inexact)
+    if dtype == np.bool_ and op not in ("min", "max"):
+        raise TypeError(
+            f"jaxcache.{fn}: {what} is bool; only op='min' (logical and) or 'max' (logical or) "
+            f"apply to bool, not {op!r}"
+        )
+    if op == "average" and not floating:
+        raise TypeError(
+            f"jaxcache.{fn}: op='average' needs a floating or complex dtype but {what} is {dtype}; "
+            "use op='sum' and divide, or cast first"
+        )
+    if op in ("min", "max") and jnp.issubdtype(dtype, jnp.complexfloating):
+        raise TypeError(f"jaxcache.{fn}: op={op!r} is undefined for complex {what} ({dtype})")
+    for label, value in (("prescale", prescale), ("postscale", postscale)):
+        if not isinstance(value, (int, float, np.floating, np.integer)) or not np.isfinite(value):
+            raise ValueError(f"jaxcache.{fn}: {label} must be a finite number, got {value!r}")
+        if value != 1.0 and not floating:
+            raise TypeError(
+                f"jaxcache.{fn}: {label}={value} needs a floating or complex dtype but {what} is {dtype}"
+            )
+
+
+def check_root(root, size: int, fn: str) -> int:
+    if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
+        raise TypeError(f"jaxcache.{fn}: root must be an int, got {type(root).__name__}")
+    if not 0 <= int(root) < size:
+        raise ValueError(f"jaxcache.{fn}: root={root} is outside [0, {size}) (world size {size})")
+    return int(root)
+
+
+def check_name(name, fn: str) -> None:
+    if name is not None and (not isinstance(name, str) or not name):
+        raise TypeError(f"jaxcache.{fn}: name must be a non-empty str, got {name!r}")

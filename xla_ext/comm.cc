@@ -1,0 +1,128 @@
+#include "comm.h"
+
+#include <algorithm>
+#include <climits>
+#include <stdexcept>
+#include <string>
+
+#include "reduce_ops.h"
+
+namespace jaxcache {
+
+namespace {
+int64_t max_mpi_count = INT_MAX;
+
+void Check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw std::runtime_error(std::string("jaxcache: ") + what + " failed: " + std::string(msg, len));
+}
+}  // namespace
+
+void SetMaxMpiCount(int64_t count) { max_mpi_count = std::max<int64_t>(1, std::min<int64_t>(count, INT_MAX)); }
+int64_t MaxMpiCount() { return max_mpi_count; }
+
+Comm::Comm(MPI_Comm user_comm) {
+  Check(MPI_Comm_dup(user_comm, &comm_), "MPI_Comm_dup");
+  // Errors come back as codes so the runtime can report them instead of aborting.
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  MPI_Comm local;
+  Check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local),
+        "MPI_Comm_split_type");
+  MPI_Comm_rank(local, &local_rank_);
+  MPI_Comm_size(local, &local_size_);
+  MPI_Comm_free(&local);
+}
+
+Comm::~Comm() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+void Comm::PolledAllreduce(uint64_t* words, int count, MPI_Op op,
+                           const std::function<void()>& between_polls) {
+  MPI_Request req;
+  Check(MPI_Iallreduce(MPI_IN_PLACE, words, count, MPI_UINT64_T, op, comm_, &req),
+        "MPI_Iallreduce");
+  int done = 0;
+  for (;;) {
+    Check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (done) return;
+    between_polls();
+  }
+}
+
+void Comm::Allreduce(uint64_t* words, int count, MPI_Op op) {
+  Check(MPI_Allreduce(MPI_IN_PLACE, words, count, MPI_UINT64_T, op, comm_), "MPI_Allreduce");
+}
+
+std::vector<std::vector<char>> Comm::GatherBytes(const std::vector<char>& mine) {
+  int my_size = static_cast<int>(mine.size());
+  std::vector<int> sizes(rank_ == 0 ? size_ : 0);
+  Check(MPI_Gather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm_), "MPI_Gather");
+  std::vector<int> displs;
+  std::vector<char> all;
+  if (rank_ == 0) {
+    displs.resize(size_);
+    int total = 0;
+    for (int r = 0; r < size_; ++r) { displs[r] = total; total += sizes[r]; }
+    all.resize(total);
+  }
+  Check(MPI_Gatherv(mine.data(), my_size, MPI_BYTE, all.data(), sizes.data(), displs.data(),
+                    MPI_BYTE, 0, comm_),
+        "MPI_Gatherv");
+  std::vector<std::vector<char>> out;
+  if (rank_ == 0) {
+    for (int r = 0; r < size_; ++r)
+      out.emplace_back(all.begin() + displs[r], all.begin() + displs[r] + sizes[r]);
+  }
+  return out;
+}
+
+void Comm::BroadcastBytes(std::vector<char>* bytes) {
+  int n = static_cast<int>(bytes->size());
+  Check(MPI_Bcast(&n, 1, MPI_INT, 0, comm_), "MPI_Bcast");
+  bytes->resize(n);
+  if (n > 0) Check(MPI_Bcast(bytes->data(), n, MPI_BYTE, 0, comm_), "MPI_Bcast");
+}
+
+void Comm::AllreduceData(const void* in, void* out, int64_t count, DType dtype, ReduceOp op) {
+  MPI_Datatype type = MpiDatatype(dtype);
+  MPI_Op mpi_op = MpiOp(dtype, op);
+  std::size_t esize = ElementSize(dtype);
+  for (int64_t off = 0; off < count; off += max_mpi_count) {
+    int n = static_cast<int>(std::min(max_mpi_count, count - off));
+    char* o = static_cast<char*>(out) + off * esize;
+    const void* i = in == out ? MPI_IN_PLACE : static_cast<const char*>(in) + off * esize;
+    Check(MPI_Allreduce(i, o, n, type, mpi_op, comm_), "MPI_Allreduce");
+  }
+}
+
+void Comm::BroadcastData(void* buf, int64_t bytes, int root) {
+  for (int64_t off = 0; off < bytes; off += max_mpi_count) {
+    int n = static_cast<int>(std::min(max_mpi_count, bytes - off));
+    Check(MPI_Bcast(static_cast<char*>(buf) + off, n, MPI_BYTE, root, comm_), "MPI_Bcast");
+  }
+}
+
+void Comm::AllgatherData(const void* in, void* out, int64_t bytes_per_rank) {
+  if (bytes_per_rank <= max_mpi_count) {
+    Check(MPI_Allgather(in, static_cast<int>(bytes_per_rank), MPI_BYTE, out,
+                        static_cast<int>(bytes_per_rank), MPI_BYTE, comm_),
+          "MPI_Allgather");
+    return;
+  }
+  // Large blocks: one broadcast per rank, chunked.
+  for (int r = 0; r < size_; ++r) {
+    char* block = static_cast<char*>(out) + r * bytes_per_rank;
+    if (r == rank_ && block != in) std::copy_n(static_cast<const char*>(in), bytes_per_rank, block);
+    BroadcastData(block, bytes_per_rank, r);
+  }
+}
+
+}  // namespace jaxcache

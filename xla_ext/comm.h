@@ -1,0 +1,59 @@
+// The MPI side of the runtime. Only the background thread calls into a Comm.
+// The communicator is a duplicate of the user's, so user MPI traffic never
+// matches ours.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "common.h"
+
+namespace jaxcache {
+
+class Comm {
+ public:
+  // Duplicates `user_comm` (collective over it).
+  explicit Comm(MPI_Comm user_comm);
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+
+  // Nonblocking allreduce polled with backoff, so a rank waiting for its
+  // peers sleeps instead of spinning. `wait(backoff)` is called between
+  // polls; it may return early (e.g. when new local work arrives) and returns
+  // the next backoff to use.
+  void PolledAllreduce(uint64_t* words, int count, MPI_Op op,
+                       const std::function<void()>& between_polls);
+  void Allreduce(uint64_t* words, int count, MPI_Op op);
+
+  // Rank 0 receives every rank's bytes (empty on other ranks).
+  std::vector<std::vector<char>> GatherBytes(const std::vector<char>& mine);
+  // Rank 0's bytes reach every rank.
+  void BroadcastBytes(std::vector<char>* bytes);
+
+  // Data movement. Counts may exceed INT_MAX: split into chunks.
+  void AllreduceData(const void* in, void* out, int64_t count, DType dtype, ReduceOp op);
+  void BroadcastData(void* buf, int64_t bytes, int root);
+  void AllgatherData(const void* in, void* out, int64_t bytes_per_rank);
+
+  MPI_Comm handle() const { return comm_; }
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+};
+
+// Largest element count passed to one MPI call. Defaults to INT_MAX; lowered
+// by tests (JAXCACHE_MAX_MPI_COUNT) so chunking is exercised on small tensors.
+void SetMaxMpiCount(int64_t count);
+int64_t MaxMpiCount();
+
+}  // namespace jaxcache

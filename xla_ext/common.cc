@@ -1,0 +1,120 @@
+#include "common.h"
+
+#include <cstring>
+#include <stdexcept>
+
+namespace jaxcache {
+
+std::size_t ElementSize(DType d) {
+  switch (d) {
+    case DType::kBool: case DType::kInt8: case DType::kUInt8: return 1;
+    case DType::kInt16: case DType::kUInt16: case DType::kFloat16: case DType::kBFloat16: return 2;
+    case DType::kInt32: case DType::kUInt32: case DType::kFloat32: return 4;
+    case DType::kInt64: case DType::kUInt64: case DType::kFloat64: case DType::kComplex64: return 8;
+    case DType::kComplex128: return 16;
+  }
+  return 0;
+}
+
+const char* DTypeName(DType d) {
+  static const char* names[] = {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
+                                "uint32", "uint64", "float16", "bfloat16", "float32", "float64",
+                                "complex64", "complex128"};
+  auto i = static_cast<int>(d);
+  return i < kNumDTypes ? names[i] : "unknown";
+}
+
+const char* ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kMin: return "min";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kProd: return "prod";
+  }
+  return "unknown";
+}
+
+const char* KindName(Kind k) {
+  switch (k) {
+    case Kind::kAllreduce: return "allreduce";
+    case Kind::kBroadcast: return "broadcast";
+    case Kind::kAllgather: return "allgather";
+  }
+  return "unknown";
+}
+
+bool IsComplex(DType d) { return d == DType::kComplex64 || d == DType::kComplex128; }
+
+bool IsFloating(DType d) {
+  return d == DType::kFloat16 || d == DType::kBFloat16 || d == DType::kFloat32 ||
+         d == DType::kFloat64 || IsComplex(d);
+}
+
+int64_t TensorSpec::NumElements() const {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+std::string TensorSpec::ShapeString() const {
+  std::string s = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    s += std::to_string(shape[i]);
+    if (shape.size() == 1 || i + 1 < shape.size()) s += ",";
+    if (i + 1 < shape.size()) s += " ";
+  }
+  return s + ")";
+}
+
+std::size_t Signature::NumBytes() const {
+  std::size_t n = 0;
+  for (const auto& t : tensors) n += t.NumBytes();
+  return n;
+}
+
+void Writer::Sig(const Signature& s) {
+  U8(static_cast<uint8_t>(s.kind));
+  U8(static_cast<uint8_t>(s.op));
+  F64(s.prescale);
+  F64(s.postscale);
+  I32(s.root);
+  U32(static_cast<uint32_t>(s.tensors.size()));
+  for (const auto& t : s.tensors) {
+    U8(static_cast<uint8_t>(t.dtype));
+    U8(static_cast<uint8_t>(t.shape.size()));
+    for (int64_t d : t.shape) I64(d);
+  }
+}
+
+void Reader::Raw(void* out, std::size_t n) {
+  if (p_ + n > end_) throw std::runtime_error("jaxcache: truncated control message");
+  std::memcpy(out, p_, n);
+  p_ += n;
+}
+
+std::string Reader::Str() {
+  uint32_t n = U32();
+  if (p_ + n > end_) throw std::runtime_error("jaxcache: truncated control message");
+  std::string s(p_, n);
+  p_ += n;
+  return s;
+}
+
+Signature Reader::Sig() {
+  Signature s;
+  s.kind = static_cast<Kind>(U8());
+  s.op = static_cast<ReduceOp>(U8());
+  s.prescale = F64();
+  s.postscale = F64();
+  s.root = I32();
+  uint32_t n = U32();
+  s.tensors.resize(n);
+  for (auto& t : s.tensors) {
+    t.dtype = static_cast<DType>(U8());
+    t.shape.resize(U8());
+    for (auto& d : t.shape) d = I64();
+  }
+  return s;
+}
+
+}  // namespace jaxcache

@@ -1,0 +1,107 @@
+// Types shared by every part of the runtime: dtypes, reduce ops, collective
+// kinds, tensor signatures and the status values that travel between ranks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace jaxcache {
+
+// Our own dtype codes: stable across XLA versions and frameworks, and small
+// enough to serialize in one byte.
+enum class DType : uint8_t {
+  kBool = 0, kInt8, kInt16, kInt32, kInt64, kUInt8, kUInt16, kUInt32, kUInt64,
+  kFloat16, kBFloat16, kFloat32, kFloat64, kComplex64, kComplex128,
+};
+constexpr int kNumDTypes = 15;
+
+enum class ReduceOp : uint8_t { kSum = 0, kMin, kMax, kProd };
+enum class Kind : uint8_t { kAllreduce = 0, kBroadcast, kAllgather };
+
+std::size_t ElementSize(DType dtype);
+const char* DTypeName(DType dtype);
+const char* ReduceOpName(ReduceOp op);
+const char* KindName(Kind kind);
+bool IsFloating(DType dtype);  // float or complex
+bool IsComplex(DType dtype);
+
+// Why a request failed; mapped to Python exception classes.
+enum class ErrorKind : uint8_t {
+  kNone = 0, kMismatch, kStall, kShutdown, kDuplicate, kInvalidArgument, kInternal,
+};
+
+struct Status {
+  ErrorKind kind = ErrorKind::kNone;
+  std::string message;
+  bool ok() const { return kind == ErrorKind::kNone; }
+  static Status Ok() { return {}; }
+  static Status Error(ErrorKind k, std::string m) { return {k, std::move(m)}; }
+};
+
+struct TensorSpec {
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  int64_t NumElements() const;
+  std::size_t NumBytes() const { return NumElements() * ElementSize(dtype); }
+  bool operator==(const TensorSpec& o) const { return dtype == o.dtype && shape == o.shape; }
+  std::string ShapeString() const;
+};
+
+// Everything that must agree across ranks for one named collective. A group
+// is one signature with several tensors.
+struct Signature {
+  Kind kind = Kind::kAllreduce;
+  ReduceOp op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t root = 0;
+  std::vector<TensorSpec> tensors;
+  bool operator==(const Signature& o) const {
+    return kind == o.kind && op == o.op && prescale == o.prescale &&
+           postscale == o.postscale && root == o.root && tensors == o.tensors;
+  }
+  bool operator!=(const Signature& o) const { return !(*this == o); }
+  std::size_t NumBytes() const;
+};
+
+// Little binary writer/reader for the control-plane messages.
+class Writer {
+ public:
+  void U8(uint8_t v) { buf_.push_back(static_cast<char>(v)); }
+  void U32(uint32_t v) { Raw(&v, sizeof v); }
+  void I32(int32_t v) { Raw(&v, sizeof v); }
+  void I64(int64_t v) { Raw(&v, sizeof v); }
+  void F64(double v) { Raw(&v, sizeof v); }
+  void Str(const std::string& s) { U32(static_cast<uint32_t>(s.size())); Raw(s.data(), s.size()); }
+  void Sig(const Signature& s);
+  std::vector<char>& buffer() { return buf_; }
+
+ private:
+  void Raw(const void* p, std::size_t n) {
+    const char* c = static_cast<const char*>(p);
+    buf_.insert(buf_.end(), c, c + n);
+  }
+  std::vector<char> buf_;
+};
+
+class Reader {
+ public:
+  Reader(const char* data, std::size_t size) : p_(data), end_(data + size) {}
+  bool done() const { return p_ >= end_; }
+  uint8_t U8() { uint8_t v; Raw(&v, 1); return v; }
+  uint32_t U32() { uint32_t v; Raw(&v, sizeof v); return v; }
+  int32_t I32() { int32_t v; Raw(&v, sizeof v); return v; }
+  int64_t I64() { int64_t v; Raw(&v, sizeof v); return v; }
+  double F64() { double v; Raw(&v, sizeof v); return v; }
+  std::string Str();
+  Signature Sig();
+
+ private:
+  void Raw(void* out, std::size_t n);
+  const char* p_;
+  const char* end_;
+};
+
+}  // namespace jaxcache

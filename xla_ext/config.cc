@@ -1,0 +1,31 @@
+#include "config.h"
+
+namespace jaxcache {
+
+std::map<std::string, double> Stats::Snapshot() const {
+  return {
+      {"cycles", double(cycles)},
+      {"coordinator_rounds", double(coordinator_rounds)},
+      {"bitvector_syncs", double(bitvector_syncs)},
+      {"cache_hits", double(cache_hits)},
+      {"cache_misses", double(cache_misses)},
+      {"cache_evictions", double(cache_evictions)},
+      {"cache_invalidations", double(cache_invalidations)},
+      {"responses_executed", double(responses_executed)},
+      {"fused_responses", double(fused_responses)},
+      {"bytes_reduced", double(bytes_reduced)},
+      {"mpi_calls", double(mpi_calls)},
+      {"stall_warnings", double(stall_warnings)},
+      {"negotiation_seconds", negotiation_seconds.load()},
+  };
+}
+
+void Stats::Reset() {
+  for (auto* c : {&cycles, &coordinator_rounds, &bitvector_syncs, &cache_hits, &cache_misses,
+                  &cache_evictions, &cache_invalidations, &responses_executed, &fused_responses,
+                  &bytes_reduced, &mpi_calls, &stall_warnings})
+    c->store(0);
+  negotiation_seconds.store(0.0);
+}
+
+}  // namespace jaxcache

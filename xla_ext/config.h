@@ -1,0 +1,40 @@
+// Runtime settings (parsed and validated by the Python layer from the
+// JAXCACHE_* environment variables) and the counters behind jaxcache.stats().
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace jaxcache {
+
+struct Config {
+  int64_t cache_capacity = 1024;
+  double cycle_time_ms = 1.0;          // minimum spacing of busy cycles
+  int64_t fusion_threshold = 64 << 20;  // bytes per fusion buffer
+  int64_t direct_threshold = 1 << 20;  // tensors this large skip the fusion buffer
+  bool group_fusion = true;            // fuse different responses together
+  double stall_check_s = 60.0;         // 0 disables warnings
+  double stall_shutdown_s = 0.0;       // 0 = never
+  double heartbeat_ms = 100.0;         // idle cycle period
+  std::string timeline_path;
+  bool timeline_mark_cycles = false;
+};
+
+struct Stats {
+  std::atomic<int64_t> cycles{0}, coordinator_rounds{0}, bitvector_syncs{0}, cache_hits{0},
+      cache_misses{0}, cache_evictions{0}, cache_invalidations{0}, responses_executed{0},
+      fused_responses{0}, bytes_reduced{0}, mpi_calls{0}, stall_warnings{0};
+  std::atomic<double> negotiation_seconds{0.0};
+
+  void AddNegotiation(double s) {
+    double cur = negotiation_seconds.load();
+    while (!negotiation_seconds.compare_exchange_weak(cur, cur + s)) {
+    }
+  }
+  std::map<std::string, double> Snapshot() const;
+  void Reset();
+};
+
+}  // namespace jaxcache

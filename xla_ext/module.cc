@@ -1,0 +1,211 @@
+// Python bindings (nanobind): process control, counters, the FFI handler
+// capsules for jax.ffi.register_ffi_target, and a DLPack-based submit path
+// used by eager JAX calls and by the PyTorch / TensorFlow bridges.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/unordered_map.h>
+#include <nanobind/stl/vector.h>
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+
+#include "comm.h"
+#include "ffi_handlers.h"
+#include "runtime.h"
+
+namespace nb = nanobind;
+using namespace jaxcache;
+
+namespace {
+
+// Completion state of one eagerly submitted request.
+struct Handle {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+
+  void Finish(const Status& st) {
+    std::lock_guard<std::mutex> lock(mu);
+    status = st;
+    done = true;
+    cv.notify_all();
+  }
+  std::pair<int, std::string> Wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+    return {static_cast<int>(status.kind), status.message};
+  }
+  bool Poll() {
+    std::lock_guard<std::mutex> lock(mu);
+    return done;
+  }
+};
+
+DType FromDlpack(nb::dlpack::dtype t) {
+  using C = nb::dlpack::dtype_code;
+  auto code = static_cast<C>(t.code);
+  if (t.lanes != 1) throw std::invalid_argument("jaxcache: vector dtypes are not supported");
+  switch (code) {
+    case C::Bool: return DType::kBool;
+    case C::Int:
+      switch (t.bits) {
+        case 8: return DType::kInt8; case 16: return DType::kInt16;
+        case 32: return DType::kInt32; case 64: return DType::kInt64;
+      }
+      break;
+    case C::UInt:
+      switch (t.bits) {
+        case 8: return DType::kUInt8; case 16: return DType::kUInt16;
+        case 32: return DType::kUInt32; case 64: return DType::kUInt64;
+      }
+      break;
+    case C::Float:
+      switch (t.bits) {
+        case 16: return DType::kFloat16; case 32: return DType::kFloat32; case 64: return DType::kFloat64;
+      }
+      break;
+    case C::Bfloat:
+      if (t.bits == 16) return DType::kBFloat16;
+      break;
+    case C::Complex:
+      switch (t.bits) {
+        case 64: return DType::kComplex64; case 128: return DType::kComplex128;
+      }
+      break;
+    default: break;
+  }
+  throw std::invalid_argument("jaxcache: unsupported dtype (code " + std::to_string(t.code) +
+                              ", " + std::to_string(t.bits) + " bits)");
+}
+
+using InArray = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
+using OutArray = nb::ndarray<nb::c_contig, nb::device::cpu>;
+
+std::shared_ptr<Runtime> Running() {
+  auto rt = Runtime::Current();
+  if (!rt) throw std::runtime_error("jaxcache is not initialized: call jaxcache.init() first");
+  return rt;
+}
+
+std::shared_ptr<Handle> SubmitArrays(int kind, const std::string& name,
+                                     std::vector<InArray> inputs, std::vector<OutArray> outputs,
+                                     int op, double prescale, double postscale, int root,
+                                     std::vector<int> dtype_codes) {
+  if (inputs.size() != outputs.size())
+    throw std::invalid_argument("jaxcache: inputs and outputs differ in number");
+  auto rt = Running();
+  auto req = std::make_unique<Request>();
+  req->name = name;
+  req->sig.kind = static_cast<Kind>(kind);
+  req->sig.op = static_cast<ReduceOp>(op);
+  req->sig.prescale = prescale;
+  req->sig.postscale = postscale;
+  req->sig.root = root;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    TensorSpec spec;
+    // An explicit code covers dtypes a producer cannot export (NumPy's bfloat16).
+    spec.dtype = i < dtype_codes.size() && dtype_codes[i] >= 0 ? static_cast<DType>(dtype_codes[i])
+                                                              : FromDlpack(inputs[i].dtype());
+    if (outputs[i].size() * outputs[i].itemsize() !=
+        (inputs[i].size() * inputs[i].itemsize()) * (kind == int(Kind::kAllgather) ? rt->comm().size() : 1))
+      throw std::invalid_argument("jaxcache: output " + std::to_string(i) + " of '" + name +
+                                  "' has the wrong number of bytes");
+    for (std::size_t d = 0; d < inputs[i].ndim(); ++d) spec.shape.push_back(inputs[i].shape(d));
+    req->sig.tensors.push_back(std::move(spec));
+    req->inputs.push_back(inputs[i].data());
+    req->outputs.push_back(outputs[i].data());
+  }
+  auto handle = std::make_shared<Handle>();
+  req->done = [handle](const Status& st) { handle->Finish(st); };
+  Status st = rt->Submit(std::move(req));
+  if (!st.ok()) handle->Finish(st);
+  return handle;
+}
+
+Config ConfigFromDict(const nb::dict& d) {
+  Config c;
+  auto get = [&](const char* key) -> nb::handle {
+    return d.contains(key) ? nb::handle(d[key]) : nb::handle();
+  };
+  if (auto v = get("cache_capacity")) c.cache_capacity = nb::cast<int64_t>(v);
+  if (auto v = get("cycle_time_ms")) c.cycle_time_ms = nb::cast<double>(v);
+  if (auto v = get("fusion_threshold")) c.fusion_threshold = nb::cast<int64_t>(v);
+  if (auto v = get("direct_threshold")) c.direct_threshold = nb::cast<int64_t>(v);
+  if (auto v = get("group_fusion")) c.group_fusion = nb::cast<bool>(v);
+  if (auto v = get("stall_check_s")) c.stall_check_s = nb::cast<double>(v);
+  if (auto v = get("stall_shutdown_s")) c.stall_shutdown_s = nb::cast<double>(v);
+  if (auto v = get("heartbeat_ms")) c.heartbeat_ms = nb::cast<double>(v);
+  if (auto v = get("timeline_path")) c.timeline_path = nb::cast<std::string>(v);
+  if (auto v = get("timeline_mark_cycles")) c.timeline_mark_cycles = nb::cast<bool>(v);
+  return c;
+}
+
+template <typename T>
+nb::capsule Capsule(T* fn) {
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+}  // namespace
+
+NB_MODULE(_jaxcache_ext, m) {
+  m.doc() = "jaxcache C++ runtime";
+
+  m.def("ffi_api_version", [] { return std::make_pair(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR); });
+  m.def("registrations", [] {
+    nb::dict d;
+    d["jaxcache_allreduce"] = Capsule(AllreduceHandler);
+    d["jaxcache_broadcast"] = Capsule(BroadcastHandler);
+    d["jaxcache_allgather"] = Capsule(AllgatherHandler);
+    return d;
+  });
+
+  m.def(
+      "init",
+      [](uintptr_t comm_address, const nb::dict& config) {
+        Config c = ConfigFromDict(config);
+        MPI_Comm comm = *reinterpret_cast<MPI_Comm*>(comm_address);
+        nb::gil_scoped_release release;
+        Runtime::Start(comm, c);
+      },
+      nb::arg("comm_address"), nb::arg("config"));
+  m.def(
+      "shutdown",
+      [](double timeout_s) {
+        nb::gil_scoped_release release;
+        Runtime::Stop(timeout_s);
+      },
+      nb::arg("timeout_s") = 30.0);
+  m.def("running", [] {
+    auto rt = Runtime::Current();
+    return rt && rt->running();
+  });
+  m.def("rank", [] { return Running()->comm().rank(); });
+  m.def("size", [] { return Running()->comm().size(); });
+  m.def("local_rank", [] { return Running()->comm().local_rank(); });
+  m.def("local_size", [] { return Running()->comm().local_size(); });
+  m.def("stats", [] { return Running()->stats().Snapshot(); });
+  m.def("reset_stats", [] { Running()->stats().Reset(); });
+  m.def("cache_layout", [] { return Running()->CacheLayout(); });
+  m.def("set_max_mpi_count", &SetMaxMpiCount);
+  m.def("max_mpi_count", &MaxMpiCount);
+
+  nb::class_<Handle>(m, "Handle")
+      .def("wait",
+           [](Handle& h) {
+             nb::gil_scoped_release release;
+             return h.Wait();
+           })
+      .def("poll", &Handle::Poll);
+  m.def("submit", &SubmitArrays, nb::arg("kind"), nb::arg("name"), nb::arg("inputs"),
+        nb::arg("outputs"), nb::arg("op") = 0, nb::arg("prescale") = 1.0,
+        nb::arg("postscale") = 1.0, nb::arg("root") = 0,
+        nb::arg("dtype_codes") = std::vector<int>());
+}

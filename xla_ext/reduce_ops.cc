@@ -1,0 +1,178 @@
+#include "reduce_ops.h"
+
+#include <algorithm>
+#include <complex>
+#include <cstring>
+
+namespace jaxcache {
+
+float HalfToFloat(uint16_t h) {
+  uint32_t sign = (h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do { ++e; mant <<= 1; } while ((mant & 0x400u) == 0);
+      bits = sign | ((127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+uint16_t FloatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t absx = x & 0x7fffffffu;
+  if (absx >= 0x7f800000u) {  // inf or nan
+    return static_cast<uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0));
+  }
+  if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow
+  if (absx < 0x38800000u) {  // subnormal or zero in half
+    if (absx < 0x33000000u) return static_cast<uint16_t>(sign);
+    uint32_t mant = (absx & 0x7fffffu) | 0x800000u;
+    int shift = 113 - static_cast<int>(absx >> 23) + 13;
+    uint32_t half = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1);
+    uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1u))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = ((absx - 0x38000000u) >> 13);
+  uint32_t rem = absx & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;
+  return static_cast<uint16_t>(sign | half);
+}
+
+float BFloat16ToFloat(uint16_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+uint16_t FloatToBFloat16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // nan
+  x += 0x7fffu + ((x >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(x >> 16);
+}
+
+namespace {
+
+template <uint16_t (*FromF)(float), float (*ToF)(uint16_t), ReduceOp kOp>
+void HalfReduce(void* invec, void* inoutvec, int* len, MPI_Datatype*) {
+  auto* a = static_cast<const uint16_t*>(invec);
+  auto* b = static_cast<uint16_t*>(inoutvec);
+  for (int i = 0; i < *len; ++i) {
+    float x = ToF(a[i]), y = ToF(b[i]), r;
+    if constexpr (kOp == ReduceOp::kSum) r = x + y;
+    else if constexpr (kOp == ReduceOp::kProd) r = x * y;
+    else if constexpr (kOp == ReduceOp::kMin) r = (y < x || y != y) ? y : x;
+    else r = (y > x || y != y) ? y : x;
+    b[i] = FromF(r);
+  }
+}
+
+MPI_Op half_ops[2][4];  // [float16, bfloat16][op]
+bool ops_ready = false;
+
+template <typename T>
+void ScaleReal(const void* in, void* out, int64_t n, double factor) {
+  auto* a = static_cast<const T*>(in);
+  auto* b = static_cast<T*>(out);
+  T f = static_cast<T>(factor);
+  for (int64_t i = 0; i < n; ++i) b[i] = a[i] * f;
+}
+
+template <uint16_t (*FromF)(float), float (*ToF)(uint16_t)>
+void ScaleHalf(const void* in, void* out, int64_t n, double factor) {
+  auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(out);
+  float f = static_cast<float>(factor);
+  for (int64_t i = 0; i < n; ++i) b[i] = FromF(ToF(a[i]) * f);
+}
+
+}  // namespace
+
+void InitReduceOps() {
+  if (ops_ready) return;
+  MPI_Op_create(&HalfReduce<FloatToHalf, HalfToFloat, ReduceOp::kSum>, 1, &half_ops[0][0]);
+  MPI_Op_create(&HalfReduce<FloatToHalf, HalfToFloat, ReduceOp::kMin>, 1, &half_ops[0][1]);
+  MPI_Op_create(&HalfReduce<FloatToHalf, HalfToFloat, ReduceOp::kMax>, 1, &half_ops[0][2]);
+  MPI_Op_create(&HalfReduce<FloatToHalf, HalfToFloat, ReduceOp::kProd>, 1, &half_ops[0][3]);
+  MPI_Op_create(&HalfReduce<FloatToBFloat16, BFloat16ToFloat, ReduceOp::kSum>, 1, &half_ops[1][0]);
+  MPI_Op_create(&HalfReduce<FloatToBFloat16, BFloat16ToFloat, ReduceOp::kMin>, 1, &half_ops[1][1]);
+  MPI_Op_create(&HalfReduce<FloatToBFloat16, BFloat16ToFloat, ReduceOp::kMax>, 1, &half_ops[1][2]);
+  MPI_Op_create(&HalfReduce<FloatToBFloat16, BFloat16ToFloat, ReduceOp::kProd>, 1, &half_ops[1][3]);
+  ops_ready = true;
+}
+
+void FreeReduceOps() {
+  if (!ops_ready) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) {
+    for (auto& row : half_ops)
+      for (auto& op : row) MPI_Op_free(&op);
+  }
+  ops_ready = false;
+}
+
+MPI_Datatype MpiDatatype(DType d) {
+  switch (d) {
+    case DType::kBool: return MPI_UINT8_T;
+    case DType::kInt8: return MPI_INT8_T;
+    case DType::kInt16: return MPI_INT16_T;
+    case DType::kInt32: return MPI_INT32_T;
+    case DType::kInt64: return MPI_INT64_T;
+    case DType::kUInt8: return MPI_UINT8_T;
+    case DType::kUInt16: return MPI_UINT16_T;
+    case DType::kUInt32: return MPI_UINT32_T;
+    case DType::kUInt64: return MPI_UINT64_T;
+    case DType::kFloat16: case DType::kBFloat16: return MPI_UINT16_T;
+    case DType::kFloat32: return MPI_FLOAT;
+    case DType::kFloat64: return MPI_DOUBLE;
+    case DType::kComplex64: return MPI_C_FLOAT_COMPLEX;
+    case DType::kComplex128: return MPI_C_DOUBLE_COMPLEX;
+  }
+  return MPI_BYTE;
+}
+
+MPI_Op MpiOp(DType d, ReduceOp op) {
+  if (d == DType::kFloat16) return half_ops[0][static_cast<int>(op)];
+  if (d == DType::kBFloat16) return half_ops[1][static_cast<int>(op)];
+  switch (op) {
+    case ReduceOp::kSum: return MPI_SUM;
+    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kProd: return MPI_PROD;
+  }
+  return MPI_SUM;
+}
+
+void Scale(const void* in, void* out, int64_t n, DType d, double factor) {
+  switch (d) {
+    case DType::kFloat32: return ScaleReal<float>(in, out, n, factor);
+    case DType::kFloat64: return ScaleReal<double>(in, out, n, factor);
+    case DType::kComplex64: return ScaleReal<float>(in, out, 2 * n, factor);
+    case DType::kComplex128: return ScaleReal<double>(in, out, 2 * n, factor);
+    case DType::kFloat16: return ScaleHalf<FloatToHalf, HalfToFloat>(in, out, n, factor);
+    case DType::kBFloat16: return ScaleHalf<FloatToBFloat16, BFloat16ToFloat>(in, out, n, factor);
+    default:
+      if (in != out) std::memcpy(out, in, n * ElementSize(d));  // validated upstream
+  }
+}
+
+}  // namespace jaxcache

@@ -1,0 +1,29 @@
+// MPI datatypes and reduction operators for every dtype, including the
+// half-precision types MPI does not know, and the scaling kernels.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+
+#include "common.h"
+
+namespace jaxcache {
+
+// Datatype used to move `dtype` (half types move as 16-bit words).
+MPI_Datatype MpiDatatype(DType dtype);
+// Operator reducing `dtype` with `op`; a user-defined operator for half types.
+MPI_Op MpiOp(DType dtype, ReduceOp op);
+// Creates the user-defined operators; call after MPI_Init, once.
+void InitReduceOps();
+void FreeReduceOps();
+
+// out[i] = in[i] * factor (in may equal out). Floating and complex dtypes only.
+void Scale(const void* in, void* out, int64_t count, DType dtype, double factor);
+
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
+float BFloat16ToFloat(uint16_t b);
+uint16_t FloatToBFloat16(float f);
+
+}  // namespace jaxcache
