@@ -15,13 +15,15 @@ import argparse
 import os
 import sys
 import traceback
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import numpy as np  # noqa: E402
+
 import common  # noqa: E402  (imports mpi4py.MPI first)
 from common import COMM, MPI  # noqa: E402
-import numpy as np  # noqa: E402
 
 KIB, MIB = 1024, 1024 * 1024
 DEFAULT_SIZES = [4, 16, 64, 256, KIB, 4 * KIB, 16 * KIB, 64 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB]
@@ -95,7 +97,8 @@ def run_size(nbytes: int, jax: Any, jc: Any, batches: int, target_s: float) -> d
     notes = []
     for name, (fn, op) in methods_for(x, jax, jc).items():
         want = common.reference([shape], COMM.Get_size(), op)
-        seconds, note = measure(fn, lambda out: common.all_close([out], want), batches, target_s)
+        check = lambda out, want=want: common.all_close([out], want)  # noqa: E731
+        seconds, note = measure(fn, check, batches, target_s)
         if note:
             notes.append(f"{name}: {note}")
         if seconds is not None:

@@ -13,12 +13,13 @@ import math
 import os
 import socket
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
-from mpi4py import MPI  # must be imported before any MPI-using extension
 import numpy as np
+from mpi4py import MPI  # must be imported before any MPI-using extension
 
 Shape = tuple[int, ...]
 COMM = MPI.COMM_WORLD
@@ -91,7 +92,7 @@ def all_close(got: Sequence[Any], want: Sequence[np.ndarray]) -> bool:
     """True if every array of ``got`` matches ``want`` (shape and values)."""
     if len(got) != len(want):
         return False
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         g = np.asarray(g)
         if g.shape != w.shape or not np.allclose(g, w, rtol=1e-6, atol=1e-6):
             return False
@@ -198,7 +199,7 @@ class Stats:
     n: int
 
     @classmethod
-    def of(cls, xs: Sequence[float]) -> "Stats":
+    def of(cls, xs: Sequence[float]) -> Stats:
         return cls(median(xs), percentile(xs, 10), percentile(xs, 90), len(xs))
 
 

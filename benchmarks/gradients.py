@@ -16,14 +16,16 @@ import gc
 import os
 import sys
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import numpy as np  # noqa: E402
+
 import common  # noqa: E402  (imports mpi4py.MPI first)
 from common import COMM, MPI, Shape, Stats  # noqa: E402
-import numpy as np  # noqa: E402
 
 BASELINES = ("mpi_fused", "mpi_per_tensor")
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
@@ -92,7 +94,7 @@ def build_mpi_per_tensor(ctx: Context) -> Bench:
     recvs = [np.empty_like(a) for a in ctx.local]
 
     def step() -> list[np.ndarray]:
-        for a, r in zip(ctx.local, recvs):
+        for a, r in zip(ctx.local, recvs, strict=True):
             COMM.Allreduce(a, r, op=MPI.SUM)
         return recvs
 
@@ -189,7 +191,7 @@ def build_torch_gloo(ctx: Context) -> Bench:
             work.wait()
             flat.div_(size)
             chunks = flat.split([grads[i].numel() for i in bucket])
-            for i, chunk in zip(bucket, chunks):
+            for i, chunk in zip(bucket, chunks, strict=True):
                 outs[i].copy_(chunk.view_as(outs[i]))
         return outs
 
@@ -333,7 +335,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=30, help="timed steps per method (default 30)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps after the check")
-    p.add_argument("--sets", default="resnet50,small", help="comma list of: " + ",".join(common.GRADIENT_SETS))
+    p.add_argument("--sets", default="resnet50,small",
+                   help="comma list of: " + ",".join(common.GRADIENT_SETS))
     p.add_argument("--methods", default=",".join(METHODS), help="comma list of: " + ",".join(METHODS))
     p.add_argument("--method-budget", type=float, default=20.0,
                    help="seconds one method may spend timing; slow methods run fewer steps")

@@ -58,7 +58,7 @@ def _batch(args, dims, *, name, size):
     # Gather along the first unbatched axis: move the batch axis behind it.
     moved = []
     for a, d in zip(args, dims):
-        if d is batching.not_mapped:
+        if d is None:
             moved.append(a)
             continue
         a = jnp.moveaxis(a, d, 0)
@@ -68,7 +68,7 @@ def _batch(args, dims, *, name, size):
             a = jnp.moveaxis(a, 0, 1)
         moved.append(a)
     out = allgather_p.bind(*moved, name=name, size=size)
-    out_dims = [batching.not_mapped if d is batching.not_mapped else 1 for d in dims]
+    out_dims = [None if d is None else 1 for d in dims]
     return out, out_dims
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -21,6 +22,11 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+
+# hydra forwards rank output in chunks, not lines: records from different ranks can
+# share a line, so jobs write "\nJC-... record\n" in one write and we match records.
+RANK_RE = re.compile(r"JC-RANK (\{[^{}\n]*\})")
+PROGRESS_RE = re.compile(r"JC-PROGRESS (\d+) ([0-9.]+)")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NETNS_EXEC = os.path.join(HERE, "netns_exec.sh")
@@ -37,11 +43,13 @@ def mpi_bin(name="mpiexec"):
     return p
 
 
-def mpi_env(netmod="ofi", iface="jc0", fault_timeouts=False):
+def mpi_env(netmod="ofi", iface="jc0"):
     """Environment that forces MPICH (5.x, ch4) onto TCP over ``iface`` between hosts.
 
     netmod="ofi": ch4:ofi with libfabric's tcp provider (rxm on top).
     netmod="ucx": ch4:ucx restricted to its tcp transport.
+    netmod=None:  nothing (the wheel's defaults: ch4:ucx with shared memory even
+                  between namespaces; only for experiments, see README).
     Processes of one host still use MPICH's own POSIX shared memory between each
     other (as on a real cluster); set MPIR_CVAR_NOLOCAL=1 to send those over TCP too.
     """
@@ -58,27 +66,20 @@ def mpi_env(netmod="ofi", iface="jc0", fault_timeouts=False):
             "UCX_TLS": "tcp,self",         # default includes sm/cma: shared memory across netns
             "UCX_NET_DEVICES": iface,
         })
-    else:
+    elif netmod is not None:
         raise ValueError(netmod)
-    if fault_timeouts:
-        env.update(FAULT_ENV.get(netmod, {}))
     return env
 
 
-# Extra variables for the link-fault test (see README): make a dead peer an error
-# rather than an endless retransmit.  TCP's own retransmission limit is set per
-# namespace with sysctls (FAULT_SYSCTLS) because it is not exposed by the providers.
-FAULT_ENV = {
-    "ofi": {},
-    "ucx": {},
-}
+# Per-namespace TCP sysctls for the link-fault test (net.ipv4.* sysctls are per
+# network namespace: NetnsCluster(tcp_sysctls=FAULT_SYSCTLS) changes nothing else).
+# No MPICH/libfabric/UCX variable turns a dead TCP peer into an MPI error (see
+# README), so ending the job is the job's watchdog's business (--op-timeout).
 FAULT_SYSCTLS = {
-    # give up on unacknowledged data after ~3 s of RTO backoff instead of ~15 min
+    # Give up on unacknowledged data after ~3 s of RTO backoff instead of ~15 min.
+    # Without it mpiexec still ends (it does not wait for a proxy it cannot reach),
+    # but the cut-off host's proxy and ranks linger for many minutes.
     "net.ipv4.tcp_retries2": "3",
-    # idle connections (SO_KEEPALIVE users): probe after 2 s, every 1 s, 3 probes
-    "net.ipv4.tcp_keepalive_time": "2",
-    "net.ipv4.tcp_keepalive_intvl": "1",
-    "net.ipv4.tcp_keepalive_probes": "3",
 }
 
 
@@ -92,14 +93,16 @@ class JobResult:
     cmd: list
     traffic: dict = field(default_factory=dict)  # host -> {tx_bytes: delta, ...}
     progress: list = field(default_factory=list)  # (iter, seconds) from JC-PROGRESS
-    events: dict = field(default_factory=dict)    # name -> monotonic time, e.g. link_down
+    events: dict = field(default_factory=dict)    # name -> time.monotonic(): 'exit', link_down...
+    leftover: dict = field(default_factory=dict)  # ns -> [cmdline] still alive after mpiexec ended
+    linger_s: float | None = None                 # time the leftovers took to exit by themselves
 
     @property
     def ranks(self):
         out = []
         for line in self.stdout.splitlines():
-            if line.startswith("JC-RANK "):
-                out.append(json.loads(line[len("JC-RANK "):]))
+            for m in RANK_RE.finditer(line):
+                out.append(json.loads(m.group(1)))
         return sorted(out, key=lambda d: d["rank"])
 
     def describe(self):
@@ -128,22 +131,28 @@ def build_cmd(cluster, script, args=(), ranks_per_host=2, hosts=None, python=Non
 
 
 def run_job(cluster, script, args=(), ranks_per_host=2, hosts=None, netmod="ofi", env=None,
-            timeout=120.0, on_line=None, fault_timeouts=False, use_addresses=False,
-            extra_mpiexec_args=()):
+            timeout=120.0, on_line=None, use_addresses=False, extra_mpiexec_args=(),
+            linger=0.0, pythonpath=()):
     """Launch ``script`` with mpiexec inside host 0's namespace and wait (hard timeout).
 
     on_line(line, result) is called from a reader thread for every stdout line
     (used by the fault test to pull a link down once the loop is running).
     On timeout the whole process group is SIGKILLed, and in every case any process
     left in the cluster's namespaces (e.g. a remote proxy cut off by a dead link)
-    is killed before returning.
+    is killed before returning.  With ``linger`` > 0, first wait up to that many
+    seconds for those processes to exit on their own (res.linger_s says how long
+    it took, None if they did not).
     """
     cmd = build_cmd(cluster, script, args, ranks_per_host, hosts,
                     use_addresses=use_addresses, extra_mpiexec_args=extra_mpiexec_args)
     full_env = dict(os.environ)
-    full_env.update(mpi_env(netmod, cluster.iface, fault_timeouts=fault_timeouts))
+    full_env.update(mpi_env(netmod, cluster.iface))
+    full_env.setdefault("JAX_PLATFORMS", "cpu")
     full_env["JC_NETNS_MAP"] = cluster.netns_map()
     full_env.setdefault("PYTHONUNBUFFERED", "1")
+    if pythonpath:
+        old = full_env.get("PYTHONPATH")
+        full_env["PYTHONPATH"] = os.pathsep.join([*pythonpath, *([old] if old else [])])
     full_env.update(env or {})
     host0 = cluster.hosts[(hosts or [0])[0]]
     argv = ["ip", "netns", "exec", host0, *cmd]
@@ -151,6 +160,7 @@ def run_job(cluster, script, args=(), ranks_per_host=2, hosts=None, netmod="ofi"
     before = {h: cluster.counters(h) for h in cluster.hosts}
     res = JobResult(None, "", "", 0.0, False, argv)
     out_lines, err_lines = [], []
+    interrupted = False
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True, cwd=HERE)
@@ -158,9 +168,8 @@ def run_job(cluster, script, args=(), ranks_per_host=2, hosts=None, netmod="ofi"
     def read_out():
         for line in proc.stdout:
             out_lines.append(line)
-            if line.startswith("JC-PROGRESS "):
-                _, it, s = line.split()
-                res.progress.append((int(it), float(s)))
+            for m in PROGRESS_RE.finditer(line):
+                res.progress.append((int(m.group(1)), float(m.group(2))))
             if on_line is not None:
                 try:
                     on_line(line, res)
@@ -177,10 +186,12 @@ def run_job(cluster, script, args=(), ranks_per_host=2, hosts=None, netmod="ofi"
         t.start()
     try:
         res.rc = proc.wait(timeout=timeout)
+        res.events["exit"] = time.monotonic()
     except subprocess.TimeoutExpired:
         res.timed_out = True
-    except BaseException:
-        _kill_group(proc)
+    except BaseException:  # KeyboardInterrupt, SystemExit (SIGTERM): no grace
+        interrupted = True
+        _kill_group(proc, only_group=True)
         raise
     finally:
         res.wall_s = time.monotonic() - t0
@@ -188,6 +199,13 @@ def run_job(cluster, script, args=(), ranks_per_host=2, hosts=None, netmod="ofi"
             _kill_group(proc)
         else:
             _kill_group(proc, only_group=True)  # stragglers of a finished mpiexec
+        res.leftover = _describe_pids(cluster.pids())
+        if linger > 0 and res.leftover and not (res.timed_out or interrupted):
+            t1 = time.monotonic()
+            while time.monotonic() - t1 < linger and any(cluster.pids().values()):
+                time.sleep(0.2)
+            if not any(cluster.pids().values()):
+                res.linger_s = time.monotonic() - t1
         try:
             cluster.kill_all()
         finally:
@@ -200,6 +218,21 @@ def run_job(cluster, script, args=(), ranks_per_host=2, hosts=None, netmod="ofi"
     after = {h: cluster.counters(h) for h in cluster.hosts}
     res.traffic = {h: {k: after[h][k] - before[h][k] for k in after[h]} for h in cluster.hosts}
     return res
+
+
+def _describe_pids(pids_by_ns):
+    out = {}
+    for ns, pids in pids_by_ns.items():
+        cmds = []
+        for p in pids:
+            try:
+                with open(f"/proc/{p}/cmdline", "rb") as f:
+                    cmds.append(f"{p} " + f.read().replace(b"\0", b" ").decode(errors="replace")[:160])
+            except OSError:
+                pass
+        if cmds:
+            out[ns] = cmds
+    return out
 
 
 def _kill_group(proc, only_group=False):

@@ -47,4 +47,4 @@ fi
 if [ -n "${JC_NETNS_EXEC_LOG:-}" ]; then
     printf '%s host=%s ns=%s cmd=%s\n' "$(date +%T.%N)" "$host" "$ns" "$*" >>"$JC_NETNS_EXEC_LOG"
 fi
-exec ip netns exec "$ns" /bin/sh -c "$*"
+exec ip netns exec "$ns" /bin/sh -c "exec $*"

@@ -1,0 +1,221 @@
+"""Whole-model helpers: broadcast_parameters, broadcast_optimizer_state, broadcast_object."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from collections.abc import Mapping
+
+import torch
+
+from .. import runtime as _runtime
+from . import ops
+
+
+def _digest(items: list[str]) -> int:
+    h = hashlib.sha256("\n".join(items).encode()).digest()
+    return int.from_bytes(h[:8], "little", signed=True)
+
+
+def agree(tag: str, items: list[str], fn: str, what: str) -> None:
+    """Checks that every rank holds the same `items` (in the same order); else ValueError everywhere.
+
+    One small allgather. On a mismatch every rank compares its items with rank 0's and names
+    the differences, so the error is raised on every rank with a useful message (no rank goes
+    on to submit collectives the others never match, which would hang).
+    """
+    mine = torch.tensor([len(items), _digest(items)], dtype=torch.int64)
+    gathered = ops.synchronize(ops.submit(ops.KIND_ALLGATHER, f"torch.agree/{tag}", [mine],
+                                          inplace=False)).view(-1, 2)
+    rows = {tuple(r) for r in gathered.tolist()}
+    if len(rows) == 1:
+        return
+    reference = broadcast_object(items if _runtime.rank() == 0 else None, 0,
+                                 name=f"torch.agree/{tag}.items")
+    missing = [x for x in reference if x not in set(items)]
+    extra = [x for x in items if x not in set(reference)]
+    differing = [r for r, row in enumerate(gathered.tolist()) if tuple(row) != tuple(gathered[0].tolist())]
+    detail = ""
+    if missing or extra:
+        detail = (f"; this rank (rank {_runtime.rank()}) lacks {missing[:5]} and has extra {extra[:5]} "
+                  "compared with rank 0")
+    elif items != reference:
+        detail = f"; this rank (rank {_runtime.rank()}) has them in a different order than rank 0"
+    raise ValueError(
+        f"jaxcache.torch.{fn}: ranks disagree on {what} (ranks {differing} differ from rank 0; "
+        f"counts per rank {[int(r[0]) for r in gathered.tolist()]}){detail}"
+    )
+
+
+def broadcast_object(obj=None, root_rank: int = 0, name: str | None = None):
+    """`root_rank`'s picklable `obj`, on every rank (two small broadcasts)."""
+    _runtime.require_initialized("jaxcache.torch.broadcast_object")
+    root = ops.check_root(root_rank, "broadcast_object")
+    ops.check_name(name, "broadcast_object")
+    base = name or "torch.broadcast_object"
+    is_root = _runtime.rank() == root
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if is_root else b""
+    length = torch.tensor([len(payload)], dtype=torch.int64)
+    ops.synchronize(ops.submit(ops.KIND_BROADCAST, f"{base}.len", [length], inplace=True, root=root))
+    n = int(length.item())
+    buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if is_root else torch.empty(n, dtype=torch.uint8)
+    ops.synchronize(ops.submit(ops.KIND_BROADCAST, f"{base}.data", [buf], inplace=True, root=root))
+    return obj if is_root else pickle.loads(buf.numpy().tobytes())
+
+
+def _signature(t: torch.Tensor) -> str:
+    return f"{tuple(t.shape)}:{str(t.dtype).replace('torch.', '')}"
+
+
+def _named_items(params, fn: str) -> list[tuple[str, torch.Tensor]]:
+    if isinstance(params, torch.nn.Module):
+        params = params.state_dict()
+    if isinstance(params, Mapping):
+        items = list(params.items())
+    else:
+        try:
+            items = list(params)
+        except TypeError:
+            raise TypeError(
+                f"jaxcache.torch.{fn}: params must be a state_dict (mapping name -> tensor), a module "
+                f"or an iterable of (name, tensor) pairs such as named_parameters(); got "
+                f"{type(params).__name__}"
+            ) from None
+        for i, item in enumerate(items):
+            if not (isinstance(item, tuple) and len(item) == 2):
+                raise TypeError(
+                    f"jaxcache.torch.{fn}: item {i} of params is a {type(item).__name__}, not a "
+                    "(name, tensor) pair; pass named_parameters() or a state_dict"
+                )
+    seen = set()
+    for key, value in items:
+        if not isinstance(key, str):
+            raise TypeError(f"jaxcache.torch.{fn}: parameter names must be str, got {key!r}")
+        if key in seen:
+            raise ValueError(f"jaxcache.torch.{fn}: parameter name {key!r} appears twice")
+        seen.add(key)
+        ops.check_tensor(value, fn, f"parameter {key!r}")
+    return sorted(items, key=lambda kv: kv[0])
+
+
+def broadcast_parameters(params, root_rank: int = 0) -> None:
+    """Overwrites, in place, every tensor of `params` with `root_rank`'s value.
+
+    params: a state_dict (model.state_dict(): parameters and buffers), a module, or an
+    iterable of (name, tensor) pairs (model.named_parameters()). Every rank must pass the
+    same names, shapes and dtypes (checked; a mismatch raises ValueError on every rank).
+    """
+    _runtime.require_initialized("jaxcache.torch.broadcast_parameters")
+    root = ops.check_root(root_rank, "broadcast_parameters")
+    items = _named_items(params, "broadcast_parameters")
+    agree("broadcast_parameters", [f"{k}:{_signature(v)}" for k, v in items],
+          "broadcast_parameters", "the parameters to broadcast (names, shapes, dtypes)")
+    handles = [ops.submit(ops.KIND_BROADCAST, f"torch.broadcast_parameters/{k}", [v], inplace=True,
+                          root=root) for k, v in items]
+    _synchronize_all(handles)
+
+
+def _synchronize_all(handles) -> list:
+    """Waits for every handle (even after a failure) and raises the first error."""
+    results, error = [], None
+    for h in handles:
+        try:
+            results.append(ops.synchronize(h))
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            results.append(None)
+            if error is None:
+                error = e
+    if error is not None:
+        raise error
+    return results
+
+
+class _TensorRef:
+    __slots__ = ("index", "shape", "dtype")
+
+    def __init__(self, index: int, shape: tuple, dtype: torch.dtype):
+        self.index, self.shape, self.dtype = index, shape, dtype
+
+    def __getstate__(self):
+        return (self.index, self.shape, str(self.dtype).replace("torch.", ""))
+
+    def __setstate__(self, state):
+        self.index, self.shape, dtype = state
+        self.dtype = getattr(torch, dtype)
+
+
+def _strip(obj, tensors: list):
+    """Replaces every tensor of a nested state by a _TensorRef, collecting the tensors."""
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj.detach())
+        return _TensorRef(len(tensors) - 1, tuple(obj.shape), obj.dtype)
+    if isinstance(obj, dict):
+        return {k: _strip(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_strip(v, tensors) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_strip(v, tensors) for v in obj)
+    return obj
+
+
+def _refs(obj, out: list) -> None:
+    if isinstance(obj, _TensorRef):
+        out.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _refs(v, out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _refs(v, out)
+
+
+def _fill(obj, tensors: list):
+    if isinstance(obj, _TensorRef):
+        return tensors[obj.index]
+    if isinstance(obj, dict):
+        return {k: _fill(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_fill(v, tensors) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_fill(v, tensors) for v in obj)
+    return obj
+
+
+def broadcast_optimizer_state(optimizer, root_rank: int = 0) -> None:
+    """Gives every rank `root_rank`'s optimizer state and hyperparameters (load_state_dict).
+
+    Works whether or not the optimizers have stepped yet (the state's structure comes from
+    the root). Every rank's optimizer must hold the same parameters (checked).
+    """
+    _runtime.require_initialized("jaxcache.torch.broadcast_optimizer_state")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"jaxcache.torch.broadcast_optimizer_state: expected a torch.optim.Optimizer, got "
+            f"{type(optimizer).__name__}"
+        )
+    root = ops.check_root(root_rank, "broadcast_optimizer_state")
+    layout = [f"{g}.{i}:{_signature(p)}" for g, group in enumerate(optimizer.param_groups)
+              for i, p in enumerate(group["params"])]
+    agree("broadcast_optimizer_state", layout, "broadcast_optimizer_state",
+          "the optimizer's parameters (groups, shapes, dtypes)")
+    is_root = _runtime.rank() == root
+    tensors: list[torch.Tensor] = []
+    skeleton = _strip(optimizer.state_dict(), tensors) if is_root else None
+    skeleton = broadcast_object(skeleton, root, name="torch.broadcast_optimizer_state.skeleton")
+    refs: list[_TensorRef] = []
+    _refs(skeleton, refs)
+    refs.sort(key=lambda r: r.index)
+    if is_root:
+        buffers = [t.to(device="cpu", memory_format=torch.contiguous_format, copy=True) for t in tensors]
+    else:
+        buffers = [torch.empty(r.shape, dtype=r.dtype) for r in refs]
+    for i, b in enumerate(buffers):
+        ops.check_tensor(b, "broadcast_optimizer_state", f"optimizer state tensor {i}")
+    handles = [ops.submit(ops.KIND_BROADCAST, f"torch.broadcast_optimizer_state/{i}", [b],
+                          inplace=True, root=root) for i, b in enumerate(buffers)]
+    _synchronize_all(handles)
+    if not is_root:
+        optimizer.load_state_dict(_fill(skeleton, buffers))
+
+
+__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object"]

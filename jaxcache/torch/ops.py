@@ -1,0 +1,438 @@
+"""Collectives on torch tensors, served by the jaxcache runtime through DLPack.
+
+A contiguous CPU tensor is handed to the runtime as is (zero-copy: the runtime reads and
+writes the tensor's own memory). Anything else -- a non-contiguous view, a tensor with a
+lazy conjugate/negative bit, a tensor on another device -- is staged through a contiguous
+CPU copy, and in-place results are copied back into the original after completion.
+
+Every request is asynchronous in the runtime: the `*_async` functions return a `Handle`
+at once; `synchronize(handle)` waits (without holding the GIL) and returns the result.
+Every handle must be synchronized: the bridge keeps the tensors alive until then.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from .. import runtime as _runtime
+from .._ext import ext
+from ..errors import raise_for_status
+from ..ops import validation
+from ..ops.eager import DTYPE_CODES as _NP_DTYPE_CODES
+
+KIND_ALLREDUCE, KIND_BROADCAST, KIND_ALLGATHER = 0, 1, 2
+
+# Codes of xla_ext/common.h DType, by torch dtype.
+_DTYPE_CODES: dict[torch.dtype, int] = {}
+for _code, _name in enumerate(
+    ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+     "float16", "bfloat16", "float32", "float64", "complex64", "complex128")
+):
+    if hasattr(torch, _name):  # uint16/32/64 exist since torch 2.3
+        _DTYPE_CODES[getattr(torch, _name)] = _code
+_NP_BY_CODE = {code: dt for dt, code in _NP_DTYPE_CODES.items()}
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    return _DTYPE_CODES[dtype]
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The NumPy (ml_dtypes for bfloat16) equivalent of a supported torch dtype."""
+    return _NP_BY_CODE[_DTYPE_CODES[dtype]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+def check_tensor(t, fn: str, what: str) -> torch.Tensor:
+    """Refuses non-tensors, sparse tensors and unsupported dtypes, naming the tensor."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"jaxcache.torch.{fn}: {what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise TypeError(
+            f"jaxcache.torch.{fn}: {what} has layout {t.layout}; only dense (strided) tensors are "
+            "supported (call .to_dense() first)"
+        )
+    if t.dtype not in _DTYPE_CODES:
+        raise TypeError(
+            f"jaxcache.torch.{fn}: {what} has unsupported dtype {t.dtype}; supported: bool, "
+            "(u)int8-64, float16, bfloat16, float32, float64, complex64, complex128"
+        )
+    return t
+
+
+def check_reduction(t: torch.Tensor, op: str, prescale: float, postscale: float, fn: str,
+                    what: str) -> None:
+    validation.check_reduction(numpy_dtype(t.dtype), op, prescale, postscale, f"torch.{fn}", what)
+
+
+def check_root(root_rank, fn: str) -> int:
+    return validation.check_root(root_rank, _runtime.size(), f"torch.{fn}")
+
+
+def check_name(name, fn: str) -> None:
+    validation.check_name(name, f"torch.{fn}")
+
+
+def check_op(op, fn: str) -> str:
+    return validation.check_op(op, f"torch.{fn}")
+
+
+def reduce_args(op: str, prescale: float, postscale: float) -> tuple[int, float, float]:
+    """Wire op code and scales; 'average' is a sum with postscale 1/size."""
+    if op == "average":
+        return validation.REDUCE_OPS["sum"], float(prescale), float(postscale) / _runtime.size()
+    return validation.REDUCE_OPS[op], float(prescale), float(postscale)
+
+
+# ---------------------------------------------------------------------------------------------
+# Names
+
+
+_lock = threading.Lock()
+_auto_in_flight: set[str] = set()  # automatic names held by handles not yet synchronized
+_outstanding: dict[int, "Handle"] = {}  # keeps tensors alive until synchronize()
+
+
+def _call_site() -> str:
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep):
+        frame = frame.f_back
+    if frame is None:
+        return "unknown"
+    code = frame.f_code
+    return f"{os.path.basename(code.co_filename)}:{frame.f_lineno}:{code.co_name}"
+
+
+def _auto_name(kind: str) -> str:
+    """kind@call-site; '#k' (smallest k free) while earlier requests of the site are unsynchronized.
+
+    Identical across ranks when they run the same program: the suffix depends only on the
+    order of submissions and synchronize() calls, never on timing. Synchronous calls always
+    get the bare name, so a loop re-uses one cached collective.
+    """
+    base = f"torch.{kind}@{_call_site()}"
+    with _lock:
+        name, k = base, 0
+        while name in _auto_in_flight:
+            k += 1
+            name = f"{base}#{k}"
+        _auto_in_flight.add(name)
+    return name
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests
+
+
+def _zero_copy_ok(t: torch.Tensor) -> bool:
+    return (t.device.type == "cpu" and t.is_contiguous() and not t.is_conj() and not t.is_neg())
+
+
+def _staged(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU copy with conjugate/negative bits materialized."""
+    return t.resolve_conj().resolve_neg().to(device="cpu", memory_format=torch.contiguous_format,
+                                             copy=True)
+
+
+def _writable_alias(t: torch.Tensor) -> bool:
+    """True when the runtime would write into `t` itself (nanobind copies what it cannot take)."""
+    return t.numel() == 0 or ext.data_pointer(t) == t.data_ptr()
+
+
+def _bump_version(t: torch.Tensor) -> None:
+    # The runtime wrote through a raw pointer: tell autograd the tensor changed.
+    try:
+        torch.autograd.graph.increment_version(t)
+    except Exception:  # pragma: no cover - older torch
+        pass
+
+
+class Handle:
+    """An in-flight request; pass it to `synchronize()` (or `poll()`)."""
+
+    __slots__ = ("name", "_native", "_inputs", "_outputs", "_finish", "_auto", "_done", "_result",
+                 "__weakref__")
+
+    def __init__(self, name: str, native, inputs: list, outputs: list, finish: Callable[[], object],
+                 auto: bool):
+        self.name = name
+        self._native = native
+        self._inputs = inputs  # referenced until completion: the runtime reads/writes them
+        self._outputs = outputs
+        self._finish = finish
+        self._auto = auto
+        self._done = False
+        self._result = None
+
+    def poll(self) -> bool:
+        """True once the collective has completed (synchronize() then returns at once)."""
+        return self._done or bool(self._native.poll())
+
+    def wait(self):
+        return synchronize(self)
+
+    def __repr__(self) -> str:
+        state = "synchronized" if self._done else ("complete" if self._native.poll() else "in flight")
+        return f"<jaxcache.torch.Handle {self.name!r} {state}>"
+
+
+def _release(handle: Handle) -> None:
+    with _lock:
+        _outstanding.pop(id(handle), None)
+        if handle._auto:
+            _auto_in_flight.discard(handle.name)
+
+
+def submit(kind: int, name: str, tensors: Sequence[torch.Tensor], *, inplace: bool, op: int = 0,
+           prescale: float = 1.0, postscale: float = 1.0, root: int = 0, auto_name: bool = False,
+           single: bool = True, finalize: Callable | None = None) -> Handle:
+    """Submits one atomic request over already validated tensors.
+
+    inplace: results land in the given tensors (allreduce/broadcast); otherwise new tensors.
+    single: synchronize() returns the one result instead of a list.
+    finalize: optional callback run after completion (and after copy-backs) on success.
+    """
+    size = _runtime.size() if kind == KIND_ALLGATHER else 1
+    inputs, outputs, codes, results, copy_back = [], [], [], [], []
+    try:
+        for t in tensors:
+            src = t.detach()
+            direct = _zero_copy_ok(src)
+            codes.append(_DTYPE_CODES[src.dtype])
+            if kind == KIND_ALLGATHER:
+                inp = src if direct else _staged(src)
+                shape = (size,) if src.dim() == 0 else (size * src.shape[0], *src.shape[1:])
+                out = torch.empty(shape, dtype=src.dtype)
+                results.append(out)
+            elif inplace:
+                if direct and _writable_alias(src):
+                    inp = out = src
+                else:
+                    inp = out = _staged(src)
+                    copy_back.append((src, out))
+                results.append(t)
+            else:
+                inp = src if direct else _staged(src)
+                out = torch.empty(src.shape, dtype=src.dtype)
+                results.append(out)
+            inputs.append(inp)
+            outputs.append(out)
+        native = ext.submit(kind, name, inputs, outputs, op, float(prescale), float(postscale),
+                            int(root), codes)
+    except BaseException:
+        if auto_name:
+            with _lock:
+                _auto_in_flight.discard(name)
+        raise
+
+    devices = [t.device for t in tensors]
+
+    def finish():
+        for dst, buf in copy_back:
+            dst.copy_(buf)
+        out = []
+        for r, dev, t in zip(results, devices, tensors):
+            if r is t:
+                _bump_version(r.detach())
+            elif dev.type != "cpu":
+                r = r.to(dev)
+            out.append(r)
+        if finalize is not None:
+            finalize()
+        return out[0] if single else out
+
+    handle = Handle(name, native, inputs, outputs, finish, auto_name)
+    with _lock:
+        _outstanding[id(handle)] = handle
+    return handle
+
+
+def synchronize(handle: Handle):
+    """Waits for `handle` and returns its result; raises the mapped jaxcache error on failure."""
+    if not isinstance(handle, Handle):
+        raise TypeError(f"jaxcache.torch.synchronize: expected a Handle, got {type(handle).__name__}")
+    if handle._done:
+        return handle._result
+    status, message = handle._native.wait()
+    handle._done = True
+    handle._native = None
+    _release(handle)
+    try:
+        raise_for_status(status, message)
+        handle._result = handle._finish()
+    finally:
+        handle._inputs = handle._outputs = handle._finish = None
+    return handle._result
+
+
+def poll(handle: Handle) -> bool:
+    if not isinstance(handle, Handle):
+        raise TypeError(f"jaxcache.torch.poll: expected a Handle, got {type(handle).__name__}")
+    return handle.poll()
+
+
+def _drop_completed_at_exit() -> None:
+    # Runs after jaxcache's own atexit shutdown (registered later, so run earlier): requests
+    # a program never synchronized have completed (with ShutdownError) by now; dropping them
+    # lets the runtime's handle objects be freed before the extension module is torn down.
+    with _lock:
+        for key, h in list(_outstanding.items()):
+            if h._native is None or h._native.poll():
+                del _outstanding[key]
+                h._native = h._inputs = h._outputs = h._finish = None
+
+
+atexit.register(_drop_completed_at_exit)
+
+
+def outstanding() -> int:
+    """Number of submitted handles not yet synchronized (for tests and leak checks)."""
+    with _lock:
+        return len(_outstanding)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public collectives
+
+
+def _name_or_auto(name, kind: str, fn: str) -> tuple[str, bool]:
+    check_name(name, fn)
+    if name is None:
+        return _auto_name(kind), True
+    return name, False
+
+
+def _allreduce_submit(tensors, op, name, prescale, postscale, fn, inplace, single):
+    _runtime.require_initialized(f"jaxcache.torch.{fn}")
+    op = check_op(op, fn)
+    many = not single
+    for i, t in enumerate(tensors):
+        if many:
+            what = f"tensors[{i}]" + (f" of {name!r}" if name else "")
+        else:
+            what = f"tensor {name!r}" if name else "tensor"
+        check_tensor(t, fn, what)
+        check_reduction(t, op, prescale, postscale, fn, what)
+    code, pre, post = reduce_args(op, prescale, postscale)
+    name, auto = _name_or_auto(name, "grouped_allreduce" if many else "allreduce", fn)
+    return submit(KIND_ALLREDUCE, name, tensors, inplace=inplace, op=code, prescale=pre,
+                  postscale=post, auto_name=auto, single=single)
+
+
+def allreduce_async(tensor, op: str = "average", name: str | None = None, prescale: float = 1.0,
+                    postscale: float = 1.0) -> Handle:
+    """Starts an allreduce of `tensor` into a new tensor; `synchronize(handle)` returns it.
+
+    op: 'average' (default), 'sum', 'min', 'max' or 'prod'. prescale multiplies the input
+    before the reduction, postscale the result. Every rank must use the same name (default:
+    derived from the call site) for the same collective.
+    """
+    return _allreduce_submit([tensor], op, name, prescale, postscale, "allreduce_async", False, True)
+
+
+def allreduce(tensor, op: str = "average", name: str | None = None, prescale: float = 1.0,
+              postscale: float = 1.0) -> torch.Tensor:
+    """The reduction of `tensor` over all ranks, as a new tensor."""
+    return synchronize(_allreduce_submit([tensor], op, name, prescale, postscale, "allreduce",
+                                         False, True))
+
+
+def allreduce_async_(tensor, op: str = "average", name: str | None = None, prescale: float = 1.0,
+                     postscale: float = 1.0) -> Handle:
+    """In-place allreduce_async: the result is written into `tensor`."""
+    return _allreduce_submit([tensor], op, name, prescale, postscale, "allreduce_async_", True, True)
+
+
+def allreduce_(tensor, op: str = "average", name: str | None = None, prescale: float = 1.0,
+               postscale: float = 1.0) -> torch.Tensor:
+    """In-place allreduce: reduces `tensor` over all ranks into itself and returns it."""
+    return synchronize(_allreduce_submit([tensor], op, name, prescale, postscale, "allreduce_",
+                                         True, True))
+
+
+def _as_list(tensors, fn: str) -> list:
+    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"jaxcache.torch.{fn}: tensors must be a list or tuple of tensors, got "
+                        f"{type(tensors).__name__}")
+    return list(tensors)
+
+
+def grouped_allreduce_async(tensors, op: str = "average", name: str | None = None,
+                            prescale: float = 1.0, postscale: float = 1.0) -> Handle:
+    """One atomic request reducing every tensor of the list; synchronize() returns a list."""
+    tensors = _as_list(tensors, "grouped_allreduce_async")
+    return _allreduce_submit(tensors, op, name, prescale, postscale, "grouped_allreduce_async",
+                             False, False)
+
+
+def grouped_allreduce(tensors, op: str = "average", name: str | None = None, prescale: float = 1.0,
+                      postscale: float = 1.0) -> list[torch.Tensor]:
+    """Reduces a list of tensors as one atomic, fused request; returns new tensors."""
+    tensors = _as_list(tensors, "grouped_allreduce")
+    return synchronize(_allreduce_submit(tensors, op, name, prescale, postscale, "grouped_allreduce",
+                                         False, False))
+
+
+def grouped_allreduce_(tensors, op: str = "average", name: str | None = None, prescale: float = 1.0,
+                       postscale: float = 1.0) -> list[torch.Tensor]:
+    """In-place grouped_allreduce."""
+    tensors = _as_list(tensors, "grouped_allreduce_")
+    return synchronize(_allreduce_submit(tensors, op, name, prescale, postscale, "grouped_allreduce_",
+                                         True, False))
+
+
+def _broadcast_submit(tensor, root_rank, name, fn, inplace):
+    _runtime.require_initialized(f"jaxcache.torch.{fn}")
+    check_tensor(tensor, fn, f"tensor {name!r}" if name else "tensor")
+    root = check_root(root_rank, fn)
+    name, auto = _name_or_auto(name, "broadcast", fn)
+    return submit(KIND_BROADCAST, name, [tensor], inplace=inplace, root=root, auto_name=auto)
+
+
+def broadcast_async(tensor, root_rank: int = 0, name: str | None = None) -> Handle:
+    return _broadcast_submit(tensor, root_rank, name, "broadcast_async", False)
+
+
+def broadcast(tensor, root_rank: int = 0, name: str | None = None) -> torch.Tensor:
+    """`root_rank`'s value of `tensor`, as a new tensor on every rank."""
+    return synchronize(_broadcast_submit(tensor, root_rank, name, "broadcast", False))
+
+
+def broadcast_async_(tensor, root_rank: int = 0, name: str | None = None) -> Handle:
+    return _broadcast_submit(tensor, root_rank, name, "broadcast_async_", True)
+
+
+def broadcast_(tensor, root_rank: int = 0, name: str | None = None) -> torch.Tensor:
+    """In-place broadcast: overwrites `tensor` with `root_rank`'s value and returns it."""
+    return synchronize(_broadcast_submit(tensor, root_rank, name, "broadcast_", True))
+
+
+def _allgather_submit(tensor, name, fn):
+    _runtime.require_initialized(f"jaxcache.torch.{fn}")
+    check_tensor(tensor, fn, f"tensor {name!r}" if name else "tensor")
+    name, auto = _name_or_auto(name, "allgather", fn)
+    return submit(KIND_ALLGATHER, name, [tensor], inplace=False, auto_name=auto)
+
+
+def allgather_async(tensor, name: str | None = None) -> Handle:
+    return _allgather_submit(tensor, name, "allgather_async")
+
+
+def allgather(tensor, name: str | None = None) -> torch.Tensor:
+    """Every rank's `tensor` concatenated along dim 0 in rank order (a scalar gives a vector).
+
+    All ranks must pass the same shape.
+    """
+    return synchronize(_allgather_submit(tensor, name, "allgather"))

@@ -1,0 +1,307 @@
+"""DistributedOptimizer: gradients are reduced during backward, waited for in step()."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .. import runtime as _runtime
+from . import ops
+from .functions import agree
+
+
+class _Unit:
+    """One named request: a single parameter's gradient, or a group of them."""
+
+    __slots__ = ("name", "indices", "ready", "handle")
+
+    def __init__(self, name: str, indices: list[int]):
+        self.name = name
+        self.indices = indices
+        self.ready = 0  # members whose gradient is final for this step
+        self.handle = None
+
+
+class _DistributedMixin:
+    """Mixed in front of the wrapped optimizer's class (see DistributedOptimizer)."""
+
+    # --- setup -----------------------------------------------------------------------------
+
+    def _jc_setup(self, named_parameters, op, groups, backward_passes_per_step, name_prefix):
+        fn = "DistributedOptimizer"
+        self._jc_op = ops.check_op(op, fn)
+        if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
+                or backward_passes_per_step < 1:
+            raise ValueError(f"jaxcache.torch.{fn}: backward_passes_per_step must be an int >= 1, got "
+                             f"{backward_passes_per_step!r}")
+        if not isinstance(name_prefix, str) or not name_prefix:
+            raise TypeError(f"jaxcache.torch.{fn}: name_prefix must be a non-empty str")
+        self._jc_k = backward_passes_per_step
+
+        all_params = [p for group in self.param_groups for p in group["params"]]
+        names = self._jc_names(all_params, named_parameters, fn)
+        params = [p for p in all_params if p.requires_grad]
+        for p in params:
+            what = f"parameter {names[id(p)]!r}"
+            ops.check_tensor(p, fn, what)
+            ops.check_reduction(p, self._jc_op, 1.0, 1.0, fn, what)
+        self._jc_params = params
+        self._jc_param_names = [names[id(p)] for p in params]
+        index_of = {id(p): i for i, p in enumerate(params)}
+        units = []
+        for gi, members in enumerate(self._jc_groups(params, groups, index_of, names, fn)):
+            units.append(_Unit(f"torch.{name_prefix}/group{gi}", members))
+        grouped = {i for u in units for i in u.indices}
+        for i, p in enumerate(params):
+            if i not in grouped:
+                units.append(_Unit(f"torch.{name_prefix}/{self._jc_param_names[i]}", [i]))
+        self._jc_units = units
+        self._jc_unit_of = [None] * len(params)
+        for u in units:
+            for i in u.indices:
+                self._jc_unit_of[i] = u
+        self._jc_counts = [0] * len(params)
+        self._jc_pending: list[_Unit] = []
+        self._jc_synced = False
+        self._jc_skip_sync = False
+        self._jc_op_code, self._jc_pre, self._jc_post = ops.reduce_args(self._jc_op, 1.0, 1.0)
+
+        # Every rank must build the same requests: check once, fail on every rank if not.
+        layout = sorted(
+            u.name + "=" + ",".join(f"{self._jc_param_names[i]}{tuple(params[i].shape)}"
+                                    f"{str(params[i].dtype).replace('torch.', '')}" for i in u.indices)
+            for u in units
+        )
+        agree(f"{name_prefix}.layout", layout, fn,
+              "the parameters to synchronize (names, shapes, dtypes, groups); build the model, the "
+              "optimizer and named_parameters identically on every rank")
+
+        self._jc_hooks = [p.register_post_accumulate_grad_hook(self._jc_make_hook(i))
+                          for i, p in enumerate(params)]
+
+    @staticmethod
+    def _jc_names(all_params, named_parameters, fn) -> dict[int, str]:
+        if named_parameters is None:
+            # Positional names: identical across ranks that build the optimizer the same way.
+            names, i = {}, 0
+            for p in all_params:
+                names[id(p)] = f"param.{i}"
+                i += 1
+            return names
+        try:
+            pairs = list(named_parameters)
+        except TypeError:
+            raise TypeError(f"jaxcache.torch.{fn}: named_parameters must be an iterable of (name, "
+                            f"parameter) pairs, e.g. model.named_parameters()") from None
+        names: dict[int, str] = {}
+        by_name: dict[str, torch.Tensor] = {}
+        for j, item in enumerate(pairs):
+            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                    and isinstance(item[1], torch.Tensor)):
+                raise TypeError(f"jaxcache.torch.{fn}: named_parameters item {j} is not a (str, "
+                                f"torch.Tensor) pair: {type(item).__name__}")
+            name, p = item
+            if name in by_name:
+                raise ValueError(f"jaxcache.torch.{fn}: duplicate parameter name {name!r} in "
+                                 "named_parameters; names must be unique (they name the collectives)")
+            if id(p) in names:
+                raise ValueError(f"jaxcache.torch.{fn}: the same parameter appears twice in "
+                                 f"named_parameters, as {names[id(p)]!r} and {name!r}")
+            by_name[name] = p
+            names[id(p)] = name
+        unnamed = [tuple(p.shape) for p in all_params if id(p) not in names]
+        if unnamed:
+            raise ValueError(f"jaxcache.torch.{fn}: named_parameters lacks {len(unnamed)} of the "
+                             f"optimizer's parameters (shapes {unnamed[:5]}); pass the model's "
+                             "named_parameters() for every parameter the optimizer holds")
+        return names
+
+    @staticmethod
+    def _jc_groups(params, groups, index_of, names, fn) -> list[list[int]]:
+        if groups is None:
+            return []
+        if isinstance(groups, bool):
+            raise TypeError(f"jaxcache.torch.{fn}: groups must be None, an int or a list of lists")
+        if isinstance(groups, int):
+            if groups < 1:
+                raise ValueError(f"jaxcache.torch.{fn}: groups must be >= 1, got {groups}")
+            n = min(groups, len(params))
+            if n == 0:
+                return []
+            # Contiguous chunks in the optimizer's order (which follows the model's layers).
+            base, extra = divmod(len(params), n)
+            out, start = [], 0
+            for g in range(n):
+                stop = start + base + (1 if g < extra else 0)
+                out.append(list(range(start, stop)))
+                start = stop
+            return out
+        if not isinstance(groups, (list, tuple)):
+            raise TypeError(f"jaxcache.torch.{fn}: groups must be None, an int or a list of lists "
+                            f"of parameters, got {type(groups).__name__}")
+        out, seen = [], {}
+        for gi, group in enumerate(groups):
+            if not isinstance(group, (list, tuple)) or not group:
+                raise TypeError(f"jaxcache.torch.{fn}: groups[{gi}] must be a non-empty list of parameters")
+            members = []
+            for p in group:
+                if not isinstance(p, torch.Tensor):
+                    raise TypeError(f"jaxcache.torch.{fn}: groups[{gi}] holds a {type(p).__name__}, "
+                                    "not a parameter tensor")
+                if id(p) not in index_of:
+                    raise ValueError(f"jaxcache.torch.{fn}: groups[{gi}] holds a tensor of shape "
+                                     f"{tuple(p.shape)} that is not a trainable parameter of the optimizer")
+                if id(p) in seen:
+                    raise ValueError(f"jaxcache.torch.{fn}: parameter {names[id(p)]!r} is in groups["
+                                     f"{seen[id(p)]}] and groups[{gi}]")
+                seen[id(p)] = gi
+                members.append(index_of[id(p)])
+            out.append(members)
+        return out
+
+    # --- gradient hooks --------------------------------------------------------------------
+
+    def _jc_make_hook(self, i: int):
+        def hook(_param):
+            self._jc_on_grad(i)
+        return hook
+
+    def _jc_on_grad(self, i: int) -> None:
+        count = self._jc_counts[i] + 1
+        if count > self._jc_k:
+            raise RuntimeError(
+                f"jaxcache.torch.DistributedOptimizer: the gradient of {self._jc_param_names[i]!r} was "
+                f"computed {count} times before step()/synchronize(), but backward_passes_per_step="
+                f"{self._jc_k}; raise backward_passes_per_step or call step() after each accumulation"
+            )
+        self._jc_counts[i] = count
+        self._jc_synced = False
+        if count == self._jc_k:
+            unit = self._jc_unit_of[i]
+            unit.ready += 1
+            if unit.ready == len(unit.indices):
+                self._jc_submit(unit)
+
+    def _jc_submit(self, unit: _Unit) -> None:
+        tensors = []
+        for i in unit.indices:
+            p = self._jc_params[i]
+            g = p.grad
+            if g is None:
+                # No gradient on this rank (unused parameter): contribute zeros so that the
+                # collective still matches the other ranks'.
+                g = p.grad = torch.zeros_like(p)
+            elif g.layout != torch.strided:
+                g = p.grad = g.to_dense()
+            tensors.append(g)
+        unit.handle = ops.submit(ops.KIND_ALLREDUCE, unit.name, tensors, inplace=True,
+                                 op=self._jc_op_code, prescale=self._jc_pre, postscale=self._jc_post,
+                                 single=False)
+        self._jc_pending.append(unit)
+
+    # --- public API ------------------------------------------------------------------------
+
+    def synchronize(self) -> None:
+        """Submits the gradients whose hooks did not fire (zeros where a rank has none) and waits
+        for every outstanding reduction; p.grad then holds the reduced gradient on every rank."""
+        for unit in self._jc_units:
+            if unit.handle is None:
+                self._jc_submit(unit)
+        error = None
+        for unit in self._jc_pending:
+            try:
+                ops.synchronize(unit.handle)
+            except Exception as e:  # noqa: BLE001 - raised after every handle is waited for
+                if error is None:
+                    error = e
+            unit.handle = None
+            unit.ready = 0
+        self._jc_pending = []
+        self._jc_counts = [0] * len(self._jc_params)
+        self._jc_synced = True
+        if error is not None:
+            raise error
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """`with opt.skip_synchronize(): opt.step()` after a manual opt.synchronize()."""
+        self._jc_skip_sync = True
+        try:
+            yield
+        finally:
+            self._jc_skip_sync = False
+
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if not (self._jc_synced or self._jc_skip_sync):
+            self.synchronize()
+        result = super().step()
+        self._jc_synced = False
+        return loss if closure is not None else result
+
+    # torch's Optimizer wraps `step` of each class it initializes with its profiling/hook
+    # wrapper; the wrapped class's step (reached through super()) already is, so this one
+    # must not be wrapped a second time (load_state_dict re-runs that patching).
+    step.hooked = True
+
+    def zero_grad(self, set_to_none: bool = True):
+        if self._jc_pending:
+            raise RuntimeError(
+                "jaxcache.torch.DistributedOptimizer: zero_grad() was called while gradient "
+                "reductions are in flight (after backward() and before step() or synchronize()); "
+                "call step() (or synchronize()) first"
+            )
+        self._jc_counts = [0] * len(self._jc_params)
+        for unit in self._jc_units:
+            unit.ready = 0
+        return super().zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group):
+        raise RuntimeError(
+            "jaxcache.torch.DistributedOptimizer: add parameter groups to the optimizer before "
+            "wrapping it (the wrapper registers one gradient hook per parameter at construction)"
+        )
+
+    def remove_hooks(self) -> None:
+        """Detaches the gradient hooks (before wrapping the same parameters again)."""
+        for h in self._jc_hooks:
+            h.remove()
+        self._jc_hooks = []
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, op: str = "average", groups=None,
+                         backward_passes_per_step: int = 1, name_prefix: str = "grad"):
+    """Wraps a torch optimizer so that step() applies gradients reduced over all ranks.
+
+    A hook on every trainable parameter submits its gradient (in place, asynchronously) as
+    soon as backward has accumulated it, so communication overlaps the rest of backward;
+    step() (or synchronize()) waits for all of them, then runs the wrapped optimizer.
+
+    named_parameters: model.named_parameters(); the names name the collectives, so they must
+        be unique (ValueError otherwise) and identical on every rank. Default: positional names.
+    op: 'average' (default) or 'sum' (also 'min', 'max', 'prod').
+    groups: None (one request per parameter; the runtime still fuses small ones), an int n
+        (n contiguous groups in the optimizer's parameter order) or a list of lists of
+        parameters; a group is one atomic request, submitted when its last gradient is ready.
+    backward_passes_per_step: local accumulation steps before the reduction.
+
+    A parameter without a gradient on some rank contributes zeros; after step() every
+    trainable parameter has a gradient (the reduced one). The returned object is an instance
+    of a subclass of the optimizer's class sharing its state; use it instead of the original.
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"jaxcache.torch.DistributedOptimizer: expected a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    if isinstance(optimizer, _DistributedMixin):
+        raise ValueError("jaxcache.torch.DistributedOptimizer: this optimizer is already distributed")
+    _runtime.require_initialized("jaxcache.torch.DistributedOptimizer")
+    base = type(optimizer)
+    cls = type(base.__name__, (_DistributedMixin, base), {"__module__": base.__module__})
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)
+    wrapped._jc_setup(named_parameters, op, groups, backward_passes_per_step, name_prefix)
+    return wrapped

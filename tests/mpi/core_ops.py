@@ -1,0 +1,150 @@
+"""Every op x dtype x {eager, jit} against NumPy on every rank; bitwise identical across ranks."""
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import zlib
+
+import numpy as np
+import jax.numpy as jnp
+import ml_dtypes
+
+import jaxcache as jc
+from _util import COMM, assert_close, done, same_on_all_ranks
+
+jc.init()
+rank, size = jc.rank(), jc.size()
+assert (rank, size) == (COMM.rank, COMM.size)
+
+FLOATS = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
+COMPLEX = [np.complex64, np.complex128]
+INTS = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+SHAPES = [(), (0,), (7,), (3, 4)]
+
+
+def ops_for(dtype):
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return ["min", "max"]
+    if dtype.kind == "c":
+        return ["sum", "average", "prod"]
+    if dtype.kind in "iu":
+        return ["sum", "min", "max", "prod"]
+    return ["sum", "average", "min", "max", "prod"]
+
+
+def local_input(dtype, shape, op, r, salt):
+    rng = np.random.default_rng([r, salt])
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.random(shape) > 0.4
+    if dtype.kind in "iu":
+        lo = 0 if dtype.kind == "u" else -3
+        hi = 3 if op == "prod" else 50
+        return rng.integers(lo, hi, size=shape).astype(dtype)
+    if op == "prod":
+        base = rng.uniform(0.5, 1.5, size=shape)
+    else:
+        base = rng.standard_normal(shape)
+    if dtype.kind == "c":
+        base = base + 1j * (rng.uniform(0.5, 1.5, size=shape) if op == "prod" else rng.standard_normal(shape))
+    return np.asarray(base).astype(dtype)
+
+
+def reference(inputs, op, dtype):
+    dtype = np.dtype(dtype)
+    wide = np.complex128 if dtype.kind == "c" else (np.float64 if dtype.kind == "f" or dtype == ml_dtypes.bfloat16 else None)
+    stack = np.stack([x.astype(wide) if wide else x for x in inputs])
+    if op in ("sum", "average"):
+        out = stack.sum(axis=0, dtype=wide or dtype)
+        if op == "average":
+            out = out / size
+    elif op == "prod":
+        out = stack.prod(axis=0, dtype=wide or dtype)
+    elif op == "min":
+        out = stack.min(axis=0)
+    else:
+        out = stack.max(axis=0)
+    return np.asarray(out).astype(dtype)
+
+
+def tolerance(dtype):
+    dtype = np.dtype(dtype)
+    if dtype in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)):
+        return 3e-2, 3e-2
+    if dtype in (np.dtype(np.float32), np.dtype(np.complex64)):
+        return 1e-5, 1e-5
+    return 1e-12, 1e-12
+
+
+jit_cache = {}
+
+
+def jitted(op, name):
+    key = (op, name)
+    if key not in jit_cache:
+        jit_cache[key] = jax.jit(lambda x: jc.allreduce(x, op, name=name))
+    return jit_cache[key]
+
+
+checked = 0
+for dtype in [np.bool_] + INTS + FLOATS + COMPLEX:
+    for op in ops_for(dtype):
+        for si, shape in enumerate(SHAPES):
+            for mode in ("eager", "jit"):
+                salt = zlib.crc32(f"{np.dtype(dtype)}{op}{si}{mode}".encode())
+                inputs = [local_input(dtype, shape, op, r, salt) for r in range(size)]
+                x = jnp.asarray(inputs[rank])
+                name = f"ar.{np.dtype(dtype)}.{op}.{si}.{mode}"
+                y = jc.allreduce(x, op, name=name) if mode == "eager" else jitted(op, name)(x)
+                what = f"allreduce {np.dtype(dtype)} {op} {shape} {mode}"
+                rtol, atol = tolerance(dtype)
+                assert_close(np.asarray(y), reference(inputs, op, dtype), what, rtol=rtol, atol=atol)
+                same_on_all_ranks(y, what)
+                checked += 1
+
+# Pre/post scaling, eager and jit.
+for dtype in [np.float32, np.float64, np.complex64]:
+    x_all = [local_input(dtype, (5,), "sum", r, 7) for r in range(size)]
+    expected = (reference([x * 2 for x in x_all], "sum", dtype) * 0.25).astype(dtype)
+    for mode in ("eager", "jit"):
+        f = lambda v: jc.allreduce(v, "sum", name=f"scaled.{np.dtype(dtype)}.{mode}", prescale=2.0, postscale=0.25)
+        y = f(jnp.asarray(x_all[rank])) if mode == "eager" else jax.jit(f)(jnp.asarray(x_all[rank]))
+        assert_close(np.asarray(y), expected, f"scaled {dtype} {mode}", rtol=1e-5, atol=1e-6)
+        same_on_all_ranks(y)
+
+# Broadcast: every dtype, every root, pytrees, eager and jit.
+for dtype in [np.bool_, np.int8, np.uint64, np.float16, ml_dtypes.bfloat16, np.float32, np.complex128]:
+    for root in range(size):
+        tree = {"a": jnp.asarray(local_input(dtype, (3, 2), "sum", rank, 11)),
+                "b": [jnp.asarray(local_input(dtype, (), "sum", rank, 12)), None]}
+        expect = {"a": local_input(dtype, (3, 2), "sum", root, 11), "b": [local_input(dtype, (), "sum", root, 12), None]}
+        for mode in ("eager", "jit"):
+            name = f"bc.{np.dtype(dtype)}.{root}.{mode}"
+            f = lambda t: jc.broadcast(t, root=root, name=name)
+            out = f(tree) if mode == "eager" else jax.jit(f)(tree)
+            assert out["b"][1] is None
+            assert_close(np.asarray(out["a"]), expect["a"], f"broadcast a {dtype} root {root} {mode}")
+            assert_close(np.asarray(out["b"][0]), expect["b"][0], f"broadcast b {dtype} root {root} {mode}")
+            same_on_all_ranks(out["a"])
+
+# Allgather: every dtype; scalars, zero-size, pytrees.
+for dtype in [np.bool_, np.int16, np.uint32, np.float16, ml_dtypes.bfloat16, np.float64, np.complex64]:
+    for shape in [(), (0, 3), (2,), (2, 3)]:
+        parts = [local_input(dtype, shape, "sum", r, 21) for r in range(size)]
+        expected = np.stack(parts) if shape == () else np.concatenate(parts, axis=0)
+        for mode in ("eager", "jit"):
+            name = f"ag.{np.dtype(dtype)}.{shape}.{mode}"
+            f = lambda t: jc.allgather(t, name=name)
+            out = f({"x": jnp.asarray(parts[rank])}) if mode == "eager" else jax.jit(f)({"x": jnp.asarray(parts[rank])})
+            assert_close(np.asarray(out["x"]), expected, f"allgather {dtype} {shape} {mode}")
+            same_on_all_ranks(out["x"])
+
+# Python and NumPy scalars are accepted.
+assert float(jc.allreduce(1.5, "sum", name="py.scalar")) == 1.5 * size
+assert int(jc.allreduce(np.int32(rank), "max", name="np.scalar")) == size - 1
+
+if rank == 0:
+    print(f"checked {checked} allreduce cases")
+done("core_ops")
