@@ -23,7 +23,7 @@ import optax  # noqa: E402
 
 import jaxcache  # noqa: E402
 from jaxcache.optax import allreduce_gradients  # noqa: E402
-from _util import assert_close, done, same_on_all_ranks  # noqa: E402
+from _util import COMM, assert_close, done, same_on_all_ranks  # noqa: E402
 
 GLOBAL_BATCH = 24
 STEPS = 8
@@ -96,7 +96,7 @@ def check_variant(label, dtype, make_tx, reduce_grads, rtol, atol):
         what = f"{label}: param {jax.tree_util.keystr(path)}"
         same_on_all_ranks(a, what)
         assert_close(a, b, what, rtol=rtol, atol=atol)
-        # Training must have moved the parameter, or the check proves nothing.
+    # Training must have moved the parameters, or the check proves nothing.
     moved = max(float(jnp.max(jnp.abs(a - b)))
                 for a, b in zip(jax.tree_util.tree_leaves(dp), jax.tree_util.tree_leaves(params0)))
     assert moved > 1e-3, f"{label}: parameters barely moved ({moved})"
@@ -125,6 +125,8 @@ def main():
 
     s = jaxcache.stats()
     assert s["cache_hits"] > 0, f"steady-state steps should hit the response cache: {s}"
+    # shutdown() stops the runtime on every rank: no rank may still need it.
+    COMM.Barrier()
     jaxcache.shutdown()
     done("train_equivalence")
 

@@ -1,0 +1,14 @@
+"""Response cache and bitvector synchronization (2 and 3 ranks)."""
+
+import pytest
+
+from conftest import run_mpi
+
+
+@pytest.mark.parametrize("mode,capacity", [("default", None), ("small", "4"), ("off", "0")])
+def test_cache(nranks, mode, capacity):
+    env = {"JAXCACHE_CACHE_CAPACITY": capacity} if capacity else {}
+    result = run_mpi("cache.py", nranks, mode, timeout=180, env=env)
+    if mode == "small":
+        # The first eviction warns once, on rank 0, suggesting a larger capacity.
+        assert result.stdout.count("JAXCACHE_CACHE_CAPACITY") == 1, result.stdout[-3000:]
