@@ -1,8 +1,9 @@
 """allreduce: a variadic JAX primitive lowered to the `jaxcache_allreduce` FFI target.
 
 One primitive call is one named request (a group when it has several
-operands), reduced atomically by the runtime. Scaling ("average", prescale,
-postscale) is done by XLA around the call so it fuses into neighbours.
+operands), reduced atomically by the runtime. Scaling ("average" = a
+prescale of 1/size, prescale, postscale) happens in the runtime while it copies
+into the output, which costs no extra pass over memory.
 
 Autodiff follows the psum convention: the transpose of an allreduce-sum is an
 allreduce-sum, so grad(lambda x: allreduce(x, "sum").sum())(x) == size * ones.
@@ -24,44 +25,47 @@ allreduce_p = Primitive("jaxcache_allreduce")
 allreduce_p.multiple_results = True
 
 
-def _abstract_eval(*avals, name, op):
+def _abstract_eval(*avals, name, op, prescale=1.0, postscale=1.0):
     return [jax.core.ShapedArray(a.shape, a.dtype) for a in avals]
 
 
-def _lowering(ctx, *args, name, op):
-    # In/out aliasing lets the runtime reduce in place (MPI_IN_PLACE) when XLA can donate.
-    rule = jax.ffi.ffi_lowering(
-        "jaxcache_allreduce", operand_output_aliases={i: i for i in range(len(args))}
-    )
+def _lowering(ctx, *args, name, op, prescale=1.0, postscale=1.0):
+    # No in/out aliasing: the runtime copies (and scales) the input into the
+    # output and reduces there in place; aliasing would make XLA copy the
+    # (often non-donated) input first, and then scaling would need a pass of its own.
+    rule = jax.ffi.ffi_lowering("jaxcache_allreduce")
     return rule(ctx, *args, name=name, op=np.int64(validation.REDUCE_OPS[op]),
-                prescale=np.float64(1.0), postscale=np.float64(1.0))
+                prescale=np.float64(prescale), postscale=np.float64(postscale))
 
 
-def _impl(*args, name, op):
+def _impl(*args, name, op, prescale=1.0, postscale=1.0):
     return eager.run(eager.KIND_ALLREDUCE, name, args, [a.shape for a in args],
-                     op=validation.REDUCE_OPS[op])
+                     op=validation.REDUCE_OPS[op], prescale=prescale, postscale=postscale)
 
 
-def _jvp(primals, tangents, *, name, op):
+def _jvp(primals, tangents, *, name, op, prescale=1.0, postscale=1.0):
     if op != "sum":
         raise NotImplementedError(
             f"jaxcache: cannot differentiate allreduce op={op!r} ('{name}'); only 'sum' and "
             "'average' are differentiable"
         )
-    out = allreduce_p.bind(*primals, name=name, op=op)
+    out = allreduce_p.bind(*primals, name=name, op=op, prescale=prescale, postscale=postscale)
     tangents = [ad.instantiate_zeros(t) for t in tangents]
-    out_t = allreduce_p.bind(*tangents, name=naming.derived(name, "jvp"), op=op)
+    out_t = allreduce_p.bind(*tangents, name=naming.derived(name, "jvp"), op=op,
+                             prescale=prescale, postscale=postscale)
     return out, out_t
 
 
-def _transpose(cts, *args, name, op):
+def _transpose(cts, *args, name, op, prescale=1.0, postscale=1.0):
+    # y = post * sum_r(pre * x_r) is linear and self-adjoint across ranks.
     cts = [ad.instantiate_zeros(c) for c in cts]
-    return allreduce_p.bind(*cts, name=naming.derived(name, "T"), op=op)
+    return allreduce_p.bind(*cts, name=naming.derived(name, "T"), op=op,
+                            prescale=prescale, postscale=postscale)
 
 
-def _batch(args, dims, *, name, op):
+def _batch(args, dims, **params):
     # Elementwise across ranks: a batch axis is just more elements.
-    return allreduce_p.bind(*args, name=name, op=op), list(dims)
+    return allreduce_p.bind(*args, **params), list(dims)
 
 
 allreduce_p.def_impl(_impl)
@@ -75,20 +79,11 @@ batching.primitive_batchers[allreduce_p] = _batch
 def reduce_values(values: list, op: str, name: str, prescale: float, postscale: float) -> list:
     """Reduces already-validated arrays as ONE request; returns the reduced arrays."""
     if op == "average":
-        postscale = postscale / runtime.size()
-        wire_op = "sum"
-    else:
-        wire_op = op
-    if not any(isinstance(v, jax.core.Tracer) for v in values):
-        # Eager: scaling happens in the runtime, no extra dispatches.
-        return eager.run(eager.KIND_ALLREDUCE, name, values, [v.shape for v in values],
-                         op=validation.REDUCE_OPS[wire_op], prescale=prescale, postscale=postscale)
-    if prescale != 1.0:
-        values = [v * jnp.asarray(prescale, v.dtype) for v in values]
-    out = allreduce_p.bind(*values, name=name, op=wire_op)
-    if postscale != 1.0:
-        out = [v * jnp.asarray(postscale, v.dtype) for v in out]
-    return list(out)
+        # Dividing before the sum costs nothing (it rides on the copy into the
+        # output) and keeps half-precision sums away from overflow.
+        prescale = prescale / runtime.size()
+        op = "sum"
+    return list(allreduce_p.bind(*values, name=name, op=op, prescale=prescale, postscale=postscale))
 
 
 def allreduce(x, op: str = "average", *, name: str | None = None, prescale: float = 1.0,

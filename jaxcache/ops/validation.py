@@ -30,7 +30,13 @@ def as_array(x, fn: str, what: str):
     """Arrays, tracers and Python/NumPy scalars become jax values; anything else is refused."""
     if isinstance(x, (jax.Array, jax.core.Tracer)):
         value = x
-    elif isinstance(x, (np.ndarray, np.generic, bool, int, float, complex)):
+    elif isinstance(x, (np.ndarray, np.generic)):
+        if np.dtype(x.dtype) not in SUPPORTED_DTYPES:
+            raise TypeError(
+                f"jaxcache.{fn}: {what} must be an array of numbers or bools, got dtype {x.dtype}"
+            )
+        value = jnp.asarray(x)
+    elif isinstance(x, (bool, int, float, complex)):
         value = jnp.asarray(x)
     else:
         raise TypeError(

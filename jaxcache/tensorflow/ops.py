@@ -86,7 +86,12 @@ def _call_site() -> str:
     if frame is None:
         return "unknown"
     code = frame.f_code
-    return f"{os.path.basename(code.co_filename)}:{frame.f_lineno}:{code.co_name}"
+    filename = os.path.basename(code.co_filename)
+    if filename.startswith("__autograph_generated_file"):
+        # tf.function's AutoGraph rewrote the caller into a module with a random file name;
+        # its content (hence the line) is the same on every rank running the same source.
+        filename = "autograph"
+    return f"{filename}:{frame.f_lineno}:{code.co_name}"
 
 
 def auto_name(kind: str, name: str | None, fn: str) -> str:
@@ -196,7 +201,13 @@ def run(kind: int, names: list[str], groups: list[list[tf.Tensor]], **kw) -> lis
 # ---------------------------------------------------------------------------------------------
 # Public collectives
 
+# AutoGraph must not rewrite the library's own Python (it is plain Python meant to run at
+# trace time); the user's code around the calls is converted as usual.
+_api = tf.autograph.experimental.do_not_convert
 
+
+
+@_api
 def allreduce(tensor, op: str = "average", name: str | None = None, prescale: float = 1.0,
               postscale: float = 1.0) -> tf.Tensor:
     """The reduction of `tensor` over all ranks ('average' default; 'sum', 'min', 'max', 'prod')."""
@@ -210,6 +221,7 @@ def allreduce(tensor, op: str = "average", name: str | None = None, prescale: fl
     return run(KIND_ALLREDUCE, [name], [[t]], op=code, prescale=pre, postscale=post)[0][0]
 
 
+@_api
 def grouped_allreduce(tensors, op: str = "average", name: str | None = None, prescale: float = 1.0,
                       postscale: float = 1.0) -> list[tf.Tensor]:
     """Reduces a list of tensors as one atomic (fused) request."""
@@ -231,6 +243,7 @@ def grouped_allreduce(tensors, op: str = "average", name: str | None = None, pre
     return run(KIND_ALLREDUCE, [name], [ts], op=code, prescale=pre, postscale=post)[0]
 
 
+@_api
 def broadcast(tensor, root_rank: int = 0, name: str | None = None) -> tf.Tensor:
     """`root_rank`'s value of `tensor` on every rank."""
     _runtime.require_initialized("jaxcache.tensorflow.broadcast")
@@ -240,6 +253,7 @@ def broadcast(tensor, root_rank: int = 0, name: str | None = None) -> tf.Tensor:
     return run(KIND_BROADCAST, [name], [[t]], root=root)[0][0]
 
 
+@_api
 def allgather(tensor, name: str | None = None) -> tf.Tensor:
     """Every rank's `tensor` concatenated along axis 0 (a scalar gives a vector); same shapes."""
     _runtime.require_initialized("jaxcache.tensorflow.allgather")
@@ -248,6 +262,7 @@ def allgather(tensor, name: str | None = None) -> tf.Tensor:
     return run(KIND_ALLGATHER, [name], [[t]])[0][0]
 
 
+@_api
 def broadcast_variables(variables, root_rank: int = 0, name: str = "tf.broadcast_variables") -> None:
     """Assigns `root_rank`'s value to every variable (one request per variable, all in flight)."""
     _runtime.require_initialized("jaxcache.tensorflow.broadcast_variables")

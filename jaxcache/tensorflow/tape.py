@@ -88,6 +88,7 @@ class DistributedGradientTape:
         out.extend([i] for i in range(n) if id(sources[i]) not in seen)
         return out
 
+    @tf.autograph.experimental.do_not_convert
     def gradient(self, target, sources, output_gradients=None, **kwargs):
         grads = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
         flat_sources = tf.nest.flatten(sources)

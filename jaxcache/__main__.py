@@ -1,0 +1,7 @@
+"""`python -m jaxcache ...` is `python -m jaxcache.run ...` (the launcher)."""
+
+import sys
+
+from .run import main
+
+sys.exit(main())

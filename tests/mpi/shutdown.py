@@ -1,0 +1,54 @@
+"""Shutdown semantics. argv[1]:
+  one-rank  - rank 0 shuts down while the others wait: they fail with ShutdownError
+  exit      - every rank exits with async-dispatched collectives in flight
+  kill      - the last rank SIGKILLs itself in the middle of a training loop
+"""
+
+import os
+import signal
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+import jaxcache as jc
+from _util import COMM
+
+mode = sys.argv[1]
+jc.init()
+rank, size = jc.rank(), jc.size()
+
+if mode == "one-rank":
+    if rank == 0:
+        time.sleep(0.5)
+        jc.shutdown()
+        print("rank 0 shut down", flush=True)
+    else:
+        try:
+            jc.allreduce(jnp.ones(2), "sum", name="never.completes")
+        except jc.ShutdownError as e:
+            assert "shut down" in str(e), e
+        else:
+            raise AssertionError("pending op survived a remote shutdown")
+        try:
+            jc.allreduce(jnp.ones(2), "sum", name="later")
+        except RuntimeError as e:
+            assert "shut down" in str(e) or "init()" in str(e), e
+        else:
+            raise AssertionError("op after remote shutdown did not fail")
+        print(f"rank {rank}: ShutdownError as expected", flush=True)
+elif mode == "exit":
+    f = jax.jit(lambda v: [jc.allreduce(v * i, "sum", name=f"exit.{i}") for i in range(8)])
+    outs = [f(jnp.ones(1 << 16) * s) for s in range(4)]  # not awaited
+    print(f"rank {rank}: exiting with collectives in flight", flush=True)
+    # Fall off the end: atexit shuts the runtime down.
+elif mode == "kill":
+    step = jax.jit(lambda t: jc.grouped_allreduce(t, name="train"))
+    tree = {"w": jnp.ones((256, 256)), "b": jnp.ones(256)}
+    for i in range(100000):
+        tree = step(tree)
+        if i == 20 and rank == size - 1:
+            print(f"rank {rank}: killing myself", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("training loop survived a dead rank")
