@@ -1,7 +1,9 @@
 #include "comm.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 
@@ -50,10 +52,40 @@ void Comm::PolledAllreduce(uint64_t* words, int count, MPI_Op op,
   Check(MPI_Iallreduce(MPI_IN_PLACE, words, count, MPI_UINT64_T, op, comm_, &req),
         "MPI_Iallreduce");
   int done = 0;
+  auto start = std::chrono::steady_clock::now();
   for (;;) {
     Check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
     if (done) return;
     between_polls();
+    if (abort_timeout_s_ > 0) {
+      double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      // Idle peers answer every heartbeat, so silence this long means a peer is gone.
+      if (waited > abort_timeout_s_) AbortUnanswered("the negotiation cycle", waited);
+    }
+  }
+}
+
+void Comm::AbortUnanswered(const char* what, double waited) {
+  std::fprintf(stderr,
+               "jaxcache: rank %d: no answer from the other ranks in %s for %.1f s (a rank died, "
+               "hangs inside MPI, or the network failed); aborting the job "
+               "(JAXCACHE_STALL_SHUTDOWN_TIME=%g)\n",
+               rank_, what, waited, abort_timeout_s_);
+  std::fflush(stderr);
+  MPI_Abort(comm_, 70);
+  std::abort();
+}
+
+void Comm::WaitWatched(MPI_Request* req, const char* what) {
+  auto start = std::chrono::steady_clock::now();
+  int done = 0;
+  for (unsigned spins = 1;; ++spins) {
+    Check(MPI_Test(req, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (done) return;
+    if (spins % 4096 == 0) {
+      double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited > abort_timeout_s_) AbortUnanswered(what, waited);
+    }
   }
 }
 
@@ -99,18 +131,39 @@ void Comm::AllreduceData(const void* in, void* out, int64_t count, DType dtype, 
     int n = static_cast<int>(std::min(max_mpi_count, count - off));
     char* o = static_cast<char*>(out) + off * esize;
     const void* i = in == out ? MPI_IN_PLACE : static_cast<const char*>(in) + off * esize;
-    Check(MPI_Allreduce(i, o, n, type, mpi_op, comm_), "MPI_Allreduce");
+    if (abort_timeout_s_ > 0) {
+      MPI_Request req;
+      Check(MPI_Iallreduce(i, o, n, type, mpi_op, comm_, &req), "MPI_Iallreduce");
+      WaitWatched(&req, "an allreduce");
+    } else {
+      Check(MPI_Allreduce(i, o, n, type, mpi_op, comm_), "MPI_Allreduce");
+    }
   }
 }
 
 void Comm::BroadcastData(void* buf, int64_t bytes, int root) {
   for (int64_t off = 0; off < bytes; off += max_mpi_count) {
     int n = static_cast<int>(std::min(max_mpi_count, bytes - off));
-    Check(MPI_Bcast(static_cast<char*>(buf) + off, n, MPI_BYTE, root, comm_), "MPI_Bcast");
+    char* p = static_cast<char*>(buf) + off;
+    if (abort_timeout_s_ > 0) {
+      MPI_Request req;
+      Check(MPI_Ibcast(p, n, MPI_BYTE, root, comm_, &req), "MPI_Ibcast");
+      WaitWatched(&req, "a broadcast");
+    } else {
+      Check(MPI_Bcast(p, n, MPI_BYTE, root, comm_), "MPI_Bcast");
+    }
   }
 }
 
 void Comm::AllgatherData(const void* in, void* out, int64_t bytes_per_rank) {
+  if (bytes_per_rank <= max_mpi_count && abort_timeout_s_ > 0) {
+    MPI_Request req;
+    Check(MPI_Iallgather(in, static_cast<int>(bytes_per_rank), MPI_BYTE, out,
+                         static_cast<int>(bytes_per_rank), MPI_BYTE, comm_, &req),
+          "MPI_Iallgather");
+    WaitWatched(&req, "an allgather");
+    return;
+  }
   if (bytes_per_rank <= max_mpi_count) {
     Check(MPI_Allgather(in, static_cast<int>(bytes_per_rank), MPI_BYTE, out,
                         static_cast<int>(bytes_per_rank), MPI_BYTE, comm_),

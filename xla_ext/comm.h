@@ -46,7 +46,16 @@ class Comm {
 
   MPI_Comm handle() const { return comm_; }
 
+  // When > 0, a collective that gets no answer for this long means a peer is
+  // gone (dead process, failed link): the job is aborted instead of hanging.
+  // Data movement then uses nonblocking calls so that it can be watched too.
+  void SetAbortTimeout(double seconds) { abort_timeout_s_ = seconds; }
+
  private:
+  // Spins on `req` (data movement needs MPI progress), watching the deadline.
+  void WaitWatched(MPI_Request* req, const char* what);
+  [[noreturn]] void AbortUnanswered(const char* what, double waited);
+  double abort_timeout_s_ = 0;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 };

@@ -172,14 +172,12 @@ void Operations::DirectAllreduce(Work& w, const Item& item) {
   Request& r = *w.request;
   const Signature& sig = w.response.sig;
   DType dtype = sig.tensors[item.tensor].dtype;
-  const void* in = r.inputs[item.tensor];
   void* out = r.outputs[item.tensor];
   timeline_.Begin(r.name, "MPI_ALLREDUCE");
-  if (sig.prescale != 1.0) {
-    Scale(in, out, item.count, dtype, sig.prescale);
-    in = out;
-  }
-  comm_.AllreduceData(in, out, item.count, dtype, sig.op);
+  // In-place MPI is markedly faster than separate buffers (MPICH copies the
+  // send buffer itself), and the copy into the output absorbs the prescale.
+  CopyScaled(r.inputs[item.tensor], out, item.count, dtype, sig.prescale);
+  comm_.AllreduceData(out, out, item.count, dtype, sig.op);
   ++stats_.mpi_calls;
   if (sig.postscale != 1.0) Scale(out, out, item.count, dtype, sig.postscale);
   timeline_.End(r.name, "MPI_ALLREDUCE");

@@ -63,6 +63,9 @@ std::shared_ptr<Runtime> Runtime::Current() {
 
 Runtime::Runtime(MPI_Comm comm, const Config& config)
     : config_(config), comm_(std::make_unique<Comm>(comm)) {
+  // A peer that stays silent well past the stall shutdown bound is gone.
+  if (config_.stall_shutdown_s > 0)
+    comm_->SetAbortTimeout(std::max(2 * config_.stall_shutdown_s, config_.stall_shutdown_s + 5.0));
   if (!config_.timeline_path.empty() && comm_->rank() == 0 &&
       !timeline_.Open(config_.timeline_path, config_.timeline_mark_cycles)) {
     std::fprintf(stderr, "jaxcache: warning: cannot open timeline file '%s'\n",

@@ -94,8 +94,8 @@ class JobResult:
     traffic: dict = field(default_factory=dict)  # host -> {tx_bytes: delta, ...}
     progress: list = field(default_factory=list)  # (iter, seconds) from JC-PROGRESS
     events: dict = field(default_factory=dict)    # name -> time.monotonic(): 'exit', link_down...
-    leftover: dict = field(default_factory=dict)  # ns -> [cmdline] still alive after mpiexec ended
-    linger_s: float | None = None                 # time the leftovers took to exit by themselves
+    leftover: dict = field(default_factory=dict)  # ns -> [cmdline] alive 2 s after mpiexec ended
+    linger_s: float | None = None                 # further time they took to exit by themselves
 
     @property
     def ranks(self):
@@ -197,9 +197,14 @@ def run_job(cluster, script, args=(), ranks_per_host=2, hosts=None, netmod="ofi"
         res.wall_s = time.monotonic() - t0
         if proc.poll() is None:
             _kill_group(proc)
-        else:
-            _kill_group(proc, only_group=True)  # stragglers of a finished mpiexec
-        res.leftover = _describe_pids(cluster.pids())
+        elif not interrupted:
+            # mpiexec ended by itself: what is still running in our namespaces
+            # (after a short grace for proxies that are just exiting)?
+            t1 = time.monotonic()
+            while time.monotonic() - t1 < 2.0 and any(cluster.pids().values()):
+                time.sleep(0.05)
+            res.leftover = _describe_pids(cluster.pids())
+        _kill_group(proc, only_group=True)  # stragglers in mpiexec's process group
         if linger > 0 and res.leftover and not (res.timed_out or interrupted):
             t1 = time.monotonic()
             while time.monotonic() - t1 < linger and any(cluster.pids().values()):

@@ -2,7 +2,8 @@
 
 Same contract as job_allreduce.py (JC-RANK lines, non-zero exit on failure):
   1. eager  jaxcache.allreduce(x, op="sum") of a rank-dependent array, --iters times
-     (its bytes are what the veth counters are checked against);
+     (its bytes are what the veth counters are checked against), or for
+     --duration seconds with JC-PROGRESS records (link-fault test);
   2. a jitted step doing jaxcache.grouped_allreduce(tree, op="sum") of a small dict
      pytree, run for a few steps with step-dependent values;
   3. jaxcache.shutdown().
@@ -48,6 +49,9 @@ def main():
     ap.add_argument("--nbytes", type=int, default=4 << 20)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--steps", type=int, default=3, help="jitted grouped_allreduce steps")
+    ap.add_argument("--duration", type=float, default=0.0,
+                    help="if > 0: loop the eager allreduce for this many seconds (fault test)")
+    ap.add_argument("--progress-every", type=int, default=10)
     a = ap.parse_args()
 
     comm = MPI.COMM_WORLD
@@ -61,9 +65,19 @@ def main():
     expected = sum(rank_array(r, n) for r in range(size))
     t0 = time.perf_counter()
     ok = True
-    for _ in range(a.iters):
+    it = 0
+    while True:
         y = jaxcache.allreduce(x, op="sum", name="mh.allreduce")
         ok &= bool(np.array_equal(np.asarray(y), expected))
+        it += 1
+        if a.duration > 0:
+            now = time.perf_counter() - t0
+            if rank == 0 and it % a.progress_every == 0:
+                emit(f"JC-PROGRESS {it} {now:.3f}")
+            if now >= a.duration:
+                break
+        elif it >= a.iters:
+            break
     eager_s = time.perf_counter() - t0
     checks["allreduce_equal_numpy"] = ok
     digest = [float(np.asarray(y, dtype=np.float64).sum())]
@@ -90,7 +104,7 @@ def main():
     checks["same_on_all_ranks"] = all(d == digests[0] for d in digests)
     info = {
         "rank": rank, "size": size, "ok": all(checks.values()), **checks,
-        "iters": a.iters, "nbytes": int(n * 4), "elapsed_s": round(eager_s, 4),
+        "iters": it, "nbytes": int(n * 4), "elapsed_s": round(eager_s, 4),
         "netns": os.readlink("/proc/self/ns/net"), "hostname": socket.gethostname(),
     }
     emit("JC-RANK " + json.dumps(info))

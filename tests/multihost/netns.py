@@ -88,8 +88,13 @@ def _delete_ns(ns):
     d = os.path.join(NETNS_ETC, ns)
     if os.path.isdir(d):
         shutil.rmtree(d, ignore_errors=True)
+        return True  # had a hosts dir
+    return False
+
+
+def _rmdir_netns_etc():
     try:
-        os.rmdir(NETNS_ETC)  # only succeeds when empty (i.e. nobody else uses it)
+        os.rmdir(NETNS_ETC)  # only succeeds when empty, i.e. nobody else uses it
     except OSError:
         pass
 
@@ -102,6 +107,7 @@ def list_namespaces():
 def cleanup_stale(verbose=True):
     """Delete jc-* namespaces whose creator process no longer exists."""
     removed = []
+    etc_touched = False
     for ns in list_namespaces():
         m = _NAME_RE.match(ns)
         if not m:
@@ -114,10 +120,13 @@ def cleanup_stale(verbose=True):
             pass
         except PermissionError:
             continue
-        _delete_ns(ns)
+        if _delete_ns(ns):
+            etc_touched = True
         removed.append(ns)
         if verbose:
             print("removed stale namespace", ns)
+    if etc_touched:
+        _rmdir_netns_etc()
     return removed
 
 
@@ -146,6 +155,7 @@ class NetnsCluster:
         self._closed = False
         self._lock = threading.Lock()
         self._old_sigterm = None
+        self._made_netns_etc = False
 
     # ------------------------------------------------------------------ setup
     def _add_ns(self, ns):
@@ -205,6 +215,9 @@ class NetnsCluster:
 
     def _write_hosts_files(self):
         me = socket.gethostname()
+        if not os.path.isdir(NETNS_ETC):
+            os.makedirs(NETNS_ETC)
+            self._made_netns_etc = True
         for i, ns in enumerate(self.hosts):
             d = os.path.join(NETNS_ETC, ns)
             os.makedirs(d, exist_ok=True)
@@ -308,6 +321,8 @@ class NetnsCluster:
             except BaseException as e:  # keep going: tear down the rest
                 errors.append(f"{ns}: {e!r}")
         self._created = []
+        if self._made_netns_etc:
+            _rmdir_netns_etc()
         try:
             atexit.unregister(self.close)
         except Exception:
