@@ -18,17 +18,20 @@ ones (what data-parallel training promises).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
-import numpy as np
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # jaxcache's collectives are CPU custom calls
 
-import jax
-import jax.numpy as jnp
-import optax
+import numpy as np  # noqa: E402
 
-import jaxcache
-from jaxcache.optax import allreduce_gradients
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import optax  # noqa: E402
+
+import jaxcache  # noqa: E402
+from jaxcache.optax import allreduce_gradients  # noqa: E402
 
 HIDDEN = (128, 64)
 CLASSES = 10

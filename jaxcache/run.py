@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import shlex
 import shutil
@@ -154,7 +155,7 @@ def check_launcher(path: str, library_version: str | None = None,
 # --- settings -> environment ------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
+def _nonneg_int(text: str) -> int:
     v = int(text)
     if v < 0:
         raise argparse.ArgumentTypeError(f"{text} must be >= 0")
@@ -166,8 +167,8 @@ def _nonneg_float(text: str) -> float:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"{text} must be >= 0")
+    if not (v >= 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number >= 0")
     return v
 
 
@@ -242,7 +243,7 @@ def parser() -> argparse.ArgumentParser:
                    help="JAXCACHE_FUSION_THRESHOLD in MiB (default 64)")
     p.add_argument("--cycle-time-ms", type=_nonneg_float, metavar="X",
                    help="JAXCACHE_CYCLE_TIME: minimum ms between busy cycles (default 0)")
-    p.add_argument("--cache-capacity", type=_positive_int, metavar="N",
+    p.add_argument("--cache-capacity", type=_nonneg_int, metavar="N",
                    help="JAXCACHE_CACHE_CAPACITY: response cache entries (default 1024, 0 = off)")
     p.add_argument("--timeline", metavar="PATH", help="JAXCACHE_TIMELINE: Chrome-trace file (rank 0)")
     p.add_argument("--timeline-mark-cycles", action="store_true",

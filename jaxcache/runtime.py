@@ -79,7 +79,7 @@ def local_size() -> int:
     return ext.local_size()
 
 
-_INT_STATS = {"negotiation_seconds"}
+_INT_STATS = {"negotiation_seconds", "execution_seconds"}
 
 
 def stats() -> dict:

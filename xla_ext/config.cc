@@ -17,6 +17,7 @@ std::map<std::string, double> Stats::Snapshot() const {
       {"mpi_calls", double(mpi_calls)},
       {"stall_warnings", double(stall_warnings)},
       {"negotiation_seconds", negotiation_seconds.load()},
+      {"execution_seconds", execution_seconds.load()},
   };
 }
 
@@ -26,6 +27,7 @@ void Stats::Reset() {
                   &bytes_reduced, &mpi_calls, &stall_warnings})
     c->store(0);
   negotiation_seconds.store(0.0);
+  execution_seconds.store(0.0);
 }
 
 }  // namespace jaxcache

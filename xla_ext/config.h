@@ -26,13 +26,15 @@ struct Stats {
   std::atomic<int64_t> cycles{0}, coordinator_rounds{0}, bitvector_syncs{0}, cache_hits{0},
       cache_misses{0}, cache_evictions{0}, cache_invalidations{0}, responses_executed{0},
       fused_responses{0}, bytes_reduced{0}, mpi_calls{0}, stall_warnings{0};
-  std::atomic<double> negotiation_seconds{0.0};
+  std::atomic<double> negotiation_seconds{0.0}, execution_seconds{0.0};
 
-  void AddNegotiation(double s) {
-    double cur = negotiation_seconds.load();
-    while (!negotiation_seconds.compare_exchange_weak(cur, cur + s)) {
+  static void Add(std::atomic<double>& counter, double s) {
+    double cur = counter.load();
+    while (!counter.compare_exchange_weak(cur, cur + s)) {
     }
   }
+  void AddNegotiation(double s) { Add(negotiation_seconds, s); }
+  void AddExecution(double s) { Add(execution_seconds, s); }
   std::map<std::string, double> Snapshot() const;
   void Reset();
 };

@@ -151,7 +151,11 @@ void Runtime::Loop() {
         WaitBetweenPolls(&backoff, busy ? kBusyMaxBackoff : kIdleMaxBackoff);
       });
       for (auto& [req, st] : out.failed) Complete(std::move(req), st);
-      operations_->Execute(out.work, [this](RequestPtr r, Status s) { Complete(std::move(r), std::move(s)); });
+      if (!out.work.empty()) {
+        auto t0 = Clock::now();
+        operations_->Execute(out.work, [this](RequestPtr r, Status s) { Complete(std::move(r), std::move(s)); });
+        stats_.AddExecution(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
       progress = out.progress;
       if (out.shutdown) break;
     }

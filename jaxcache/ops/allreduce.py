@@ -1,9 +1,10 @@
 """allreduce: a variadic JAX primitive lowered to the `jaxcache_allreduce` FFI target.
 
 One primitive call is one named request (a group when it has several
-operands), reduced atomically by the runtime. Scaling ("average" = a
-prescale of 1/size, prescale, postscale) happens in the runtime while it copies
-into the output, which costs no extra pass over memory.
+operands), reduced atomically by the runtime. Under jit, scaling
+("average" = a prescale of 1/size) is done by XLA, which fuses it into the
+producer of the gradient, and the runtime reduces the result in place (the
+output aliases the operand). Eagerly, the runtime scales while it copies.
 
 Autodiff follows the psum convention: the transpose of an allreduce-sum is an
 allreduce-sum, so grad(lambda x: allreduce(x, "sum").sum())(x) == size * ones.
@@ -30,10 +31,11 @@ def _abstract_eval(*avals, name, op, prescale=1.0, postscale=1.0):
 
 
 def _lowering(ctx, *args, name, op, prescale=1.0, postscale=1.0):
-    # No in/out aliasing: the runtime copies (and scales) the input into the
-    # output and reduces there in place; aliasing would make XLA copy the
-    # (often non-donated) input first, and then scaling would need a pass of its own.
-    rule = jax.ffi.ffi_lowering("jaxcache_allreduce")
+    # Results alias operands: the runtime reduces in place. When the operand is an
+    # intermediate (a gradient computed in the same program) this costs no copy at all.
+    rule = jax.ffi.ffi_lowering(
+        "jaxcache_allreduce", operand_output_aliases={i: i for i in range(len(args))}
+    )
     return rule(ctx, *args, name=name, op=np.int64(validation.REDUCE_OPS[op]),
                 prescale=np.float64(prescale), postscale=np.float64(postscale))
 
@@ -79,11 +81,18 @@ batching.primitive_batchers[allreduce_p] = _batch
 def reduce_values(values: list, op: str, name: str, prescale: float, postscale: float) -> list:
     """Reduces already-validated arrays as ONE request; returns the reduced arrays."""
     if op == "average":
-        # Dividing before the sum costs nothing (it rides on the copy into the
-        # output) and keeps half-precision sums away from overflow.
+        # Dividing before the sum is free (fused into the producer or the copy)
+        # and keeps half-precision sums away from overflow.
         prescale = prescale / runtime.size()
         op = "sum"
-    return list(allreduce_p.bind(*values, name=name, op=op, prescale=prescale, postscale=postscale))
+    if not any(isinstance(v, jax.core.Tracer) for v in values):
+        return list(allreduce_p.bind(*values, name=name, op=op, prescale=prescale, postscale=postscale))
+    if prescale != 1.0:
+        values = [v * jnp.asarray(prescale, v.dtype) for v in values]
+    out = allreduce_p.bind(*values, name=name, op=op)
+    if postscale != 1.0:
+        out = [v * jnp.asarray(postscale, v.dtype) for v in out]
+    return list(out)
 
 
 def allreduce(x, op: str = "average", *, name: str | None = None, prescale: float = 1.0,

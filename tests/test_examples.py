@@ -1,0 +1,82 @@
+"""The digits example trains to >= 95% test accuracy, and data-parallel training
+equals single-process training on the full global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import mpirun_path, run_mpi
+
+pytest.importorskip("optax")
+pytest.importorskip("sklearn")
+pytest.importorskip("tqdm")
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "train_digits.py"
+
+
+def accuracy_of(output: str) -> float:
+    m = re.search(r"test accuracy: ([0-9.]+)\s*$", output, re.M)  # tqdm may share the line
+    assert m, f"no 'test accuracy:' line in the output:\n{output[-4000:]}"
+    return float(m.group(1))
+
+
+def test_digits_reaches_95_percent_on_2_ranks():
+    out = run_mpi(str(EXAMPLE), 2, timeout=240).stdout
+    assert accuracy_of(out) >= 0.95, out[-3000:]
+    assert "on 2 rank(s)" in out
+
+
+def test_digits_check_single_on_3_ranks():
+    """The example's own check: data-parallel params == single-process params."""
+    out = run_mpi(str(EXAMPLE), 3, "--epochs", "2", "--check-single", timeout=240).stdout
+    assert re.search(r"check-single: .*: OK\s*$", out, re.M), out[-3000:]
+    assert "global batch 120" not in out  # 120 splits evenly over 3 ranks
+
+
+def test_digits_without_mpirun():
+    """A plain `python train.py` is a job of one rank."""
+    proc = subprocess.run([sys.executable, str(EXAMPLE), "--epochs", "1", "--max-steps", "5"],
+                          capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu",
+                               "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "trained 5 steps of 120 samples on 1 rank(s)" in proc.stdout
+    accuracy_of(proc.stdout)
+
+
+def test_train_equivalence(nranks):
+    """tests/mpi/train_equivalence.py: float32 optax chain and float64 direct grouping."""
+    out = run_mpi("train_equivalence.py", nranks, timeout=240).stdout
+    assert f"train_equivalence: OK on {nranks} ranks" in out
+
+
+def test_bench_smoke(tmp_path):
+    """`python -m jaxcache.bench` on a tiny sweep writes its table (and plot if it can)."""
+    out_dir = tmp_path / "bench"
+    cmd = [mpirun_path(), "-np", "2", sys.executable, "-m", "jaxcache.bench", "--out", str(out_dir),
+           "--tensors", "2,20", "--sizes", "8KB,80KB", "--methods", "jaxcache,mpi_per_tensor",
+           "--budget", "0.05", "--min-steps", "2", "--max-steps", "3"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "JAX_PLATFORMS": "cpu"}, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"bench timed out:\n{out[-4000:]}")
+    assert proc.returncode == 0, out[-4000:]
+    rows = json.loads((out_dir / "bench.json").read_text())["rows"]
+    assert {(r["tensors"], r["bytes"], r["method"]) for r in rows} == {
+        (n, b, m) for n in (2, 20) for b in (8000, 80000) for m in ("mpi_fused", "jaxcache", "mpi_per_tensor")}
+    assert all(r.get("median_ms", 0) > 0 and not r["note"] for r in rows), rows
+    assert "| tensors | size | method |" in (out_dir / "bench.md").read_text()
+    assert (out_dir / "bench.png").exists() or "matplotlib is not installed" in out

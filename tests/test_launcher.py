@@ -1,0 +1,269 @@
+"""The launcher: family detection, command lines for Hydra and Open MPI, env mapping, a real run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jaxcache import run
+
+REPO = Path(__file__).resolve().parent.parent
+
+HYDRA_VERSION = """HYDRA build details:
+    Version:                                 5.0.2
+    Release Date:                            Fri Sep 25 20:45:26 UTC 2026
+    Launchers available:                     ssh rsh fork slurm ll lsf sge manual persist
+"""
+OPENMPI4_VERSION = "mpirun (Open MPI) 4.1.2\n\nReport bugs to http://www.open-mpi.org/community/help/\n"
+OPENMPI5_VERSION = "mpirun (Open MPI) 5.0.3\n\nReport bugs to https://www.open-mpi.org/community/help/\n"
+INTEL_VERSION = "Intel(R) MPI Library for Linux* OS, Version 2021.10 Build 20230619\n"
+MPICH_LIB = "MPICH Version:      5.0.2\nMPICH Release date: Fri Sep 25 2026\nMPICH ABI: 18:2:6\n"
+OPENMPI_LIB = "Open MPI v4.1.2, package: Debian OpenMPI, ident: 4.1.2, repo rev: v4.1.2, Nov 24, 2021"
+
+
+def args_for(*argv: str):
+    return run.parse_args(list(argv))
+
+
+# --- detection ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text,family", [
+    (MPICH_LIB, run.MPICH),
+    (OPENMPI_LIB, run.OPENMPI),
+    ("Intel(R) MPI Library 2021.10 for Linux* OS\n", run.MPICH),
+    ("MVAPICH2 Version: 2.3.7\n", run.MPICH),
+    ("Some other MPI 1.0", None),
+])
+def test_library_family(text, family):
+    assert run.library_family(text) == family
+
+
+@pytest.mark.parametrize("text,family", [
+    (HYDRA_VERSION, run.MPICH),
+    (OPENMPI4_VERSION, run.OPENMPI),
+    (OPENMPI5_VERSION, run.OPENMPI),
+    (INTEL_VERSION, run.MPICH),
+    ("<failed: no such file>", None),
+])
+def test_launcher_family(text, family):
+    assert run.launcher_family(text) == family
+
+
+def fake_probe(outputs: dict[str, str]):
+    return lambda path: outputs[path]
+
+
+def test_find_launcher_takes_first_matching_family():
+    probe = fake_probe({"/venv/bin/mpirun": OPENMPI4_VERSION, "/usr/bin/mpirun": HYDRA_VERSION})
+    got = run.find_launcher(MPICH_LIB, ["/venv/bin/mpirun", "/usr/bin/mpirun"], probe)
+    assert got == run.Launcher("/usr/bin/mpirun", run.MPICH)
+    got = run.find_launcher(OPENMPI_LIB, ["/venv/bin/mpirun", "/usr/bin/mpirun"], probe)
+    assert got == run.Launcher("/venv/bin/mpirun", run.OPENMPI)
+
+
+def test_find_launcher_mismatch_names_what_was_tried():
+    probe = fake_probe({"/usr/bin/mpirun": OPENMPI4_VERSION})
+    with pytest.raises(run.LauncherError) as e:
+        run.find_launcher(MPICH_LIB, ["/usr/bin/mpirun"], probe)
+    msg = str(e.value)
+    assert "MPICH Version: 5.0.2" in msg and "/usr/bin/mpirun (Open MPI)" in msg
+    assert "pip install mpich" in msg
+
+
+def test_find_launcher_none_found():
+    with pytest.raises(run.LauncherError, match="No mpirun or mpiexec was found"):
+        run.find_launcher(OPENMPI_LIB, [], fake_probe({}))
+
+
+def test_unknown_library():
+    with pytest.raises(run.LauncherError, match="unknown MPI library"):
+        run.find_launcher("Weird MPI 0.1", ["/x"], fake_probe({"/x": HYDRA_VERSION}))
+
+
+def test_main_exits_2_with_message_when_no_launcher_fits(monkeypatch, capsys):
+    monkeypatch.setattr(run, "mpi_library_version", lambda: MPICH_LIB)
+    monkeypatch.setattr(run, "candidate_paths", lambda: ["/opt/ompi/bin/mpirun"])
+    monkeypatch.setattr(run, "version_output", lambda p: OPENMPI4_VERSION)
+    assert run.main(["-np", "2", "--dry-run", "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert "no MPI launcher matches" in err and "/opt/ompi/bin/mpirun (Open MPI)" in err
+
+
+def test_real_detection_on_this_machine():
+    """jaxcache's own MPI and the launcher found for it are of the same family."""
+    lib = run.mpi_library_version()
+    launcher = run.find_launcher()
+    assert launcher.family == run.library_family(lib)
+    assert run.launcher_family(run.version_output(launcher.path)) == launcher.family
+
+
+# --- command lines -------------------------------------------------------------
+
+HYDRA = run.Launcher("/venv/bin/mpirun", run.MPICH)
+OMPI = run.Launcher("/usr/bin/mpirun", run.OPENMPI)
+
+
+def test_env_mapping():
+    args = args_for("-np", "2", "--fusion-threshold-mb", "8", "--cycle-time-ms", "2.5",
+                    "--cache-capacity", "64", "--timeline", "tl.json", "--timeline-mark-cycles",
+                    "--stall-check-seconds", "30", "--stall-shutdown-seconds", "120",
+                    "--disable-group-fusion", "train.py")
+    env = run.env_from_args(args, environ={"JAXCACHE_CACHE_CAPACITY": "5", "JAXCACHE_HEARTBEAT_MS": "50",
+                                           "HOME": "/root"})
+    assert env == {
+        "JAXCACHE_FUSION_THRESHOLD": str(8 * 1024 * 1024),
+        "JAXCACHE_CYCLE_TIME": "2.5",
+        "JAXCACHE_CACHE_CAPACITY": "64",  # the flag wins over the environment
+        "JAXCACHE_TIMELINE": os.path.abspath("tl.json"),
+        "JAXCACHE_TIMELINE_MARK_CYCLES": "1",
+        "JAXCACHE_STALL_CHECK_TIME": "30",
+        "JAXCACHE_STALL_SHUTDOWN_TIME": "120",
+        "JAXCACHE_DISABLE_GROUP_FUSION": "1",
+        "JAXCACHE_HEARTBEAT_MS": "50",  # already set: passed on to every rank
+    }
+
+
+def test_env_values_parse_with_jaxcache_config(monkeypatch):
+    """What the launcher writes is what jaxcache.config reads."""
+    from jaxcache import config
+
+    args = args_for("-np", "2", "--fusion-threshold-mb", "0.5", "--cycle-time-ms", "3",
+                    "--cache-capacity", "0", "--stall-check-seconds", "0", "x.py")
+    for k, v in run.env_from_args(args, environ={}).items():
+        monkeypatch.setenv(k, v)
+    cfg = config.from_env()
+    assert cfg.fusion_threshold == 512 * 1024
+    assert cfg.cycle_time_ms == 3.0
+    assert cfg.cache_capacity == 0
+    assert cfg.stall_check_s == 0.0
+
+
+def test_no_flags_no_env():
+    assert run.env_from_args(args_for("-np", "2", "x.py"), environ={"PATH": "/bin"}) == {}
+
+
+def test_hydra_command():
+    args = args_for("-np", "4", "--hosts", "h1:2,h2:2", "--fusion-threshold-mb", "16",
+                    "--cycle-time-ms", "1", "train.py", "--epochs", "3", "-np", "9")
+    env = run.env_from_args(args, environ={})
+    cmd = run.build_command(args, HYDRA, env, python="/venv/bin/python", environ={})
+    assert cmd == ["/venv/bin/mpirun", "-np", "4", "-hosts", "h1:2,h2:2",
+                   "-genv", "JAXCACHE_CYCLE_TIME", "1",
+                   "-genv", "JAXCACHE_FUSION_THRESHOLD", str(16 << 20),
+                   "/venv/bin/python", "train.py", "--epochs", "3", "-np", "9"]
+
+
+def test_openmpi_command():
+    args = args_for("-np", "4", "--hosts", "h1:2,h2:2", "--cache-capacity", "128",
+                    "--mpi-args", "--bind-to none", "train.py", "--lr", "0.1")
+    env = run.env_from_args(args, environ={})
+    cmd = run.build_command(args, OMPI, env, python="/py",
+                            environ={"PATH": "/bin", "PYTHONPATH": "/src"})
+    assert cmd == ["/usr/bin/mpirun", "-np", "4", "--host", "h1:2,h2:2",
+                   "-x", "PATH", "-x", "PYTHONPATH", "-x", "JAXCACHE_CACHE_CAPACITY=128",
+                   "--bind-to", "none", "/py", "train.py", "--lr", "0.1"]
+
+
+def test_hostfile_both_families():
+    args = args_for("-np", "8", "--hostfile", "hosts.txt", "t.py")
+    assert run.build_command(args, HYDRA, {}, python="p", environ={})[3:5] == ["-f", "hosts.txt"]
+    assert run.build_command(args, OMPI, {}, python="p", environ={})[3:5] == ["--hostfile", "hosts.txt"]
+
+
+def test_hosts_and_hostfile_exclusive(capsys):
+    with pytest.raises(SystemExit):
+        args_for("-np", "2", "--hosts", "a:1", "--hostfile", "f", "t.py")
+
+
+def test_script_words_after_script_are_not_ours():
+    args = args_for("-np", "2", "--dry-run", "t.py", "--dry-run", "--timeline", "x")
+    assert args.script == "t.py" and args.script_args == ["--dry-run", "--timeline", "x"]
+    assert args.timeline is None
+    args = args_for("-np", "2", "--", "t.py", "--c")
+    assert args.script == "t.py" and args.script_args == ["--c"]
+
+
+def test_bad_values_are_refused():
+    for bad in (["-np", "0", "t.py"], ["-np", "2", "--cycle-time-ms", "-1", "t.py"],
+                ["-np", "2", "--cache-capacity", "x", "t.py"], ["-np", "2"]):
+        with pytest.raises(SystemExit):
+            args_for(*bad)
+
+
+def test_dry_run_for_mocked_families(monkeypatch, capsys):
+    for launcher, flag in ((HYDRA, "-genv JAXCACHE_FUSION_THRESHOLD 1048576"),
+                           (OMPI, "-x JAXCACHE_FUSION_THRESHOLD=1048576")):
+        monkeypatch.setattr(run, "find_launcher", lambda launcher=launcher: launcher)
+        assert run.main(["-np", "3", "--dry-run", "--fusion-threshold-mb", "1", "t.py", "a b"]) == 0
+        out = capsys.readouterr().out.strip()
+        assert out.startswith(f"{launcher.path} -np 3 ")
+        assert flag in out
+        assert out.endswith(f"{sys.executable} t.py 'a b'")
+
+
+def test_dry_run_cli():
+    """`python -m jaxcache.run --dry-run` end to end with the real detection."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxcache.run", "-np", "2", "--dry-run", "--timeline", "t.json",
+         "train.py", "--epochs", "1"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    line = proc.stdout.strip()
+    assert " -np 2 " in line and line.endswith("train.py --epochs 1")
+    assert ("-genv JAXCACHE_TIMELINE" in line) or ("-x JAXCACHE_TIMELINE=" in line)
+
+
+# --- a real job --------------------------------------------------------------
+
+TINY = textwrap.dedent("""
+    import os
+    import jax.numpy as jnp
+    import jaxcache
+    jaxcache.init()
+    r, n = jaxcache.rank(), jaxcache.size()
+    total = jaxcache.allreduce(jnp.asarray(float(r + 1)), op="sum", name="tiny")
+    print(f"rank {r}/{n} sum={float(total):g} fusion={os.environ.get('JAXCACHE_FUSION_THRESHOLD')} "
+          f"args={os.sys.argv[1:]}", flush=True)
+    jaxcache.shutdown()
+""")
+
+
+def test_real_two_rank_run(tmp_path):
+    script = tmp_path / "tiny.py"
+    script.write_text(TINY)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxcache.run", "-np", "2", "--fusion-threshold-mb", "2",
+         "--timeline", str(tmp_path / "tl.json"), str(script), "x", "--y"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"launcher job timed out:\n{out[-4000:]}")
+    assert proc.returncode == 0, out
+    for r in range(2):
+        assert f"rank {r}/2 sum=3 fusion={2 << 20} args=['x', '--y']" in out, out
+    # --timeline reached the ranks: rank 0 traced the collective.
+    events = json.loads((tmp_path / "tl.json").read_text())
+    assert {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "tiny"}} in events
+
+
+def test_exit_status_is_the_jobs(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text("import sys\nsys.exit(3)\n")
+    proc = subprocess.run([sys.executable, "-m", "jaxcache.run", "-np", "2", str(script)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 3, proc.stdout + proc.stderr
