@@ -7,38 +7,32 @@ tensors. Start jobs with `mpirun -np N python train.py`.
 
 from __future__ import annotations
 
-from ._ext import ext as _ext  # noqa: F401  (loads and registers the C++ runtime)
-from .errors import (
-    CollectiveError,
-    DuplicateNameError,
-    JaxcacheError,
-    MismatchError,
-    ShutdownError,
-    StallError,
-)
-from .ops.allgather import allgather
-from .ops.allreduce import allreduce
-from .ops.broadcast import broadcast
-from .ops.grouped_allreduce import grouped_allreduce
-from .runtime import (
-    cache_layout,
-    init,
-    is_initialized,
-    local_rank,
-    local_size,
-    rank,
-    reset_stats,
-    shutdown,
-    size,
-    stats,
-)
+import importlib
+
+# Public names and the modules that define them. They load on first use, so that
+# `python -m jaxcache.run` (the launcher) starts without MPI, jax or the extension.
+_EXPORTS = {
+    "init": "runtime", "shutdown": "runtime", "is_initialized": "runtime", "rank": "runtime",
+    "size": "runtime", "local_rank": "runtime", "local_size": "runtime", "stats": "runtime",
+    "reset_stats": "runtime", "cache_layout": "runtime",
+    "allreduce": "ops.allreduce", "grouped_allreduce": "ops.grouped_allreduce",
+    "broadcast": "ops.broadcast", "allgather": "ops.allgather",
+    "JaxcacheError": "errors", "MismatchError": "errors", "StallError": "errors",
+    "ShutdownError": "errors", "DuplicateNameError": "errors", "CollectiveError": "errors",
+}
 
 __version__ = "0.1.0"
+__all__ = list(_EXPORTS)
 
-__all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "allreduce", "grouped_allreduce", "broadcast", "allgather",
-    "stats", "reset_stats", "cache_layout",
-    "JaxcacheError", "MismatchError", "StallError", "ShutdownError", "DuplicateNameError",
-    "CollectiveError",
-]
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jaxcache' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

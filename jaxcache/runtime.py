@@ -82,18 +82,24 @@ def local_size() -> int:
 _INT_STATS = {"negotiation_seconds", "execution_seconds"}
 
 
+def _last_runtime(call, what: str):
+    # Counters stay readable after shutdown(), until the next init().
+    try:
+        return call()
+    except RuntimeError:
+        raise RuntimeError(f"jaxcache was never initialized: call jaxcache.init() before {what}") from None
+
+
 def stats() -> dict:
     """Counters of this rank's runtime since init or the last reset_stats()."""
-    require_initialized("jaxcache.stats()")
-    return {k: (v if k in _INT_STATS else int(v)) for k, v in ext.stats().items()}
+    raw = _last_runtime(ext.stats, "jaxcache.stats()")
+    return {k: (v if k in _INT_STATS else int(v)) for k, v in raw.items()}
 
 
 def reset_stats() -> None:
-    require_initialized("jaxcache.reset_stats()")
-    ext.reset_stats()
+    _last_runtime(ext.reset_stats, "jaxcache.reset_stats()")
 
 
 def cache_layout() -> dict[str, int]:
     """The response cache's {name: bit}; identical on every rank."""
-    require_initialized("jaxcache.cache_layout()")
-    return dict(ext.cache_layout())
+    return dict(_last_runtime(ext.cache_layout, "jaxcache.cache_layout()"))

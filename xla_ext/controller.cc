@@ -22,9 +22,7 @@ Controller::Controller(Comm& comm, const Config& config, Stats& stats, Timeline&
 void Controller::Add(RequestPtr req) {
   uint32_t bit = 0;
   auto found = cache_.capacity() ? cache_.Find(req->name, req->sig, &bit) : ResponseCache::Lookup::kMiss;
-  if (timeline_.enabled())
-    timeline_.Begin(req->name, "NEGOTIATE",
-                    found == ResponseCache::Lookup::kHit ? "\"path\":\"cached\"" : "\"path\":\"coordinator\"");
+  timeline_.NegotiateBegin(req->name, found == ResponseCache::Lookup::kHit ? "cached" : "coordinator");
   if (found == ResponseCache::Lookup::kHit) {
     cached_[bit] = std::move(req);
     return;
@@ -106,7 +104,8 @@ CycleOutcome Controller::RunCycle(bool want_shutdown, const std::function<void()
     it = cached_.erase(it);
     cache_.Touch(bit);
     ++stats_.cache_hits;
-    timeline_.End(req->name, "NEGOTIATE");
+    timeline_.NegotiateEnd(req->name);
+    timeline_.Begin(req->name, "QUEUE");
     out.work.push_back({Response{req->name, Status::Ok(), cache_.SignatureAt(bit)}, std::move(req)});
   }
 
@@ -138,6 +137,7 @@ void Controller::CoordinatorRound(CycleOutcome* out) {
       while (!rd.done()) {
         std::string name = rd.Str();
         Signature sig = rd.Sig();
+        timeline_.NegotiateBegin(name, "coordinator");
         timeline_.Instant(name, "rank " + std::to_string(r) + " ready");
         if (auto resp = table_.Add(r, name, sig)) {
           rw.Str(resp->name);
@@ -163,7 +163,7 @@ void Controller::CoordinatorRound(CycleOutcome* out) {
     if (it == sent_.end()) continue;  // cannot happen: a response needs every rank's request
     RequestPtr req = std::move(it->second);
     sent_.erase(it);
-    timeline_.End(resp.name, "NEGOTIATE");
+    timeline_.NegotiateEnd(resp.name);
     if (!resp.status.ok()) {
       out->failed.emplace_back(std::move(req), resp.status);
       continue;
@@ -172,6 +172,7 @@ void Controller::CoordinatorRound(CycleOutcome* out) {
       InsertIntoCache(resp);
       cache_changed = true;
     }
+    timeline_.Begin(resp.name, "QUEUE");
     out->work.push_back({std::move(resp), std::move(req)});
   }
   if (cache_changed) PublishLayout();

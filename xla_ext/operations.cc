@@ -22,6 +22,24 @@ void CopyScaled(const void* in, void* out, int64_t count, DType dtype, double fa
 }
 }  // namespace
 
+void Operations::Dequeue(Work& w) {
+  if (!timeline_.enabled() || w.response.name.empty()) return;
+  timeline_.End(w.request->name, "QUEUE");
+  w.response.name.clear();  // dequeued once
+}
+
+void Operations::PhaseAll(std::vector<Work>& work, const std::vector<Item>& items,
+                          const char* phase, bool begin) {
+  if (!timeline_.enabled()) return;
+  std::size_t last = SIZE_MAX;
+  for (const Item& it : items) {
+    if (it.work == last) continue;
+    last = it.work;
+    const std::string& name = work[it.work].request->name;
+    begin ? timeline_.Begin(name, phase) : timeline_.End(name, phase);
+  }
+}
+
 void Operations::Execute(std::vector<Work>& work, const Complete& complete) {
   std::vector<int> remaining(work.size(), 0);
   std::vector<std::size_t> allreduces;
@@ -33,6 +51,7 @@ void Operations::Execute(std::vector<Work>& work, const Complete& complete) {
     Work& w = work[i];
     if (w.response.sig.kind == Kind::kAllreduce) continue;
     Status st;
+    Dequeue(w);
     try {
       w.response.sig.kind == Kind::kBroadcast ? Broadcast(w) : Allgather(w);
     } catch (const std::exception& e) {
@@ -78,6 +97,7 @@ void Operations::Allreduce(std::vector<Work>& work, const std::vector<std::size_
   // Zero-size responses are complete already.
   for (std::size_t wi : which)
     if ((*remaining)[wi] == 0) {
+      Dequeue(work[wi]);
       ++stats_.responses_executed;
       complete(std::move(work[wi].request), Status::Ok());
     }
@@ -132,29 +152,29 @@ void Operations::FusedAllreduce(std::vector<Work>& work, const std::vector<Item>
     DirectAllreduce(work[items[0].work], items[0]);
     return;
   }
+  for (const Item& it : items) Dequeue(work[it.work]);
   if (fusion_buffer_.size() < total) fusion_buffer_.resize(total);
   char* buf = fusion_buffer_.data();
-  const std::string& label = work[items[0].work].request->name;
-  timeline_.Begin(label, "MEMCPY_IN_FUSION_BUFFER");
+  PhaseAll(work, items, "MEMCPY_IN_FUSION_BUFFER", true);
   std::size_t off = 0;
   for (const Item& it : items) {
     const Request& r = *work[it.work].request;
     CopyScaled(r.inputs[it.tensor], buf + off, it.count, dtype, sig0.prescale);
     off += it.bytes;
   }
-  timeline_.End(label, "MEMCPY_IN_FUSION_BUFFER");
-  timeline_.Begin(label, "MPI_ALLREDUCE");
+  PhaseAll(work, items, "MEMCPY_IN_FUSION_BUFFER", false);
+  PhaseAll(work, items, "MPI_ALLREDUCE", true);
   comm_.AllreduceData(buf, buf, static_cast<int64_t>(total / ElementSize(dtype)), dtype, sig0.op);
   ++stats_.mpi_calls;
-  timeline_.End(label, "MPI_ALLREDUCE");
-  timeline_.Begin(label, "MEMCPY_OUT_FUSION_BUFFER");
+  PhaseAll(work, items, "MPI_ALLREDUCE", false);
+  PhaseAll(work, items, "MEMCPY_OUT_FUSION_BUFFER", true);
   off = 0;
   for (const Item& it : items) {
     Request& r = *work[it.work].request;
     CopyScaled(buf + off, r.outputs[it.tensor], it.count, dtype, sig0.postscale);
     off += it.bytes;
   }
-  timeline_.End(label, "MEMCPY_OUT_FUSION_BUFFER");
+  PhaseAll(work, items, "MEMCPY_OUT_FUSION_BUFFER", false);
   // Responses sharing the buffer with another response count as fused.
   std::size_t first = items[0].work;
   bool shared = false;
@@ -173,6 +193,7 @@ void Operations::DirectAllreduce(Work& w, const Item& item) {
   const Signature& sig = w.response.sig;
   DType dtype = sig.tensors[item.tensor].dtype;
   void* out = r.outputs[item.tensor];
+  Dequeue(w);
   timeline_.Begin(r.name, "MPI_ALLREDUCE");
   // In-place MPI is markedly faster than separate buffers (MPICH copies the
   // send buffer itself), and the copy into the output absorbs the prescale.

@@ -35,6 +35,10 @@ class Operations {
                       std::vector<int>* remaining, const Complete& complete);
   void DirectAllreduce(Work& w, const Item& item);
   void Broadcast(Work& w);
+  // Marks the end of a request's wait between negotiation and execution.
+  void Dequeue(Work& w);
+  // Phase on the track of every request in a fused chunk.
+  void PhaseAll(std::vector<Work>& work, const std::vector<Item>& items, const char* phase, bool begin);
   void Allgather(Work& w);
 
   Comm& comm_;

@@ -82,6 +82,28 @@ void Timeline::Instant(const std::string& tensor, const std::string& what) {
         std::to_string(Now()) + ",\"pid\":" + std::to_string(pid) + ",\"tid\":1}");
 }
 
+void Timeline::NegotiateBegin(const std::string& tensor, const char* path) {
+  if (fd_ < 0) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    bool& open = negotiating_[tensor];
+    if (open) return;
+    open = true;
+  }
+  Begin(tensor, "NEGOTIATE", std::string("\"path\":\"") + path + "\"");
+}
+
+void Timeline::NegotiateEnd(const std::string& tensor) {
+  if (fd_ < 0) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = negotiating_.find(tensor);
+    if (it == negotiating_.end() || !it->second) return;
+    it->second = false;
+  }
+  End(tensor, "NEGOTIATE");
+}
+
 void Timeline::Cycle(int64_t number) {
   if (fd_ < 0 || !mark_cycles_) return;
   std::lock_guard<std::mutex> lock(mu_);

@@ -22,6 +22,10 @@ class Timeline {
   void End(const std::string& tensor, const char* phase);
   void Instant(const std::string& tensor, const std::string& what);
   void Cycle(int64_t number);
+  // NEGOTIATE opens when rank 0 first hears of a name (its own request or
+  // another rank's) and closes when the name is decided.
+  void NegotiateBegin(const std::string& tensor, const char* path);
+  void NegotiateEnd(const std::string& tensor);
 
  private:
   int Track(const std::string& tensor);
@@ -34,6 +38,7 @@ class Timeline {
   bool first_ = true;
   long long end_offset_ = 0;
   std::unordered_map<std::string, int> tracks_;
+  std::unordered_map<std::string, bool> negotiating_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 

@@ -13,7 +13,9 @@ from _util import assert_close, done, same_on_all_ranks
 jc.init()
 rank, size = jc.rank(), jc.size()
 limit = int(os.environ["JAXCACHE_MAX_MPI_COUNT"])
-assert jc._ext.max_mpi_count() == limit
+from jaxcache._ext import ext
+
+assert ext.max_mpi_count() == limit
 
 n = 5 * limit + 3  # several chunks and a ragged tail
 x = jnp.arange(n, dtype=jnp.float32) * (rank + 1)
