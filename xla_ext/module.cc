@@ -207,8 +207,11 @@ NB_MODULE(_jaxcache_ext, m) {
              return h.Wait();
            })
       .def("poll", &Handle::Poll);
-  m.def("submit", &SubmitArrays, nb::arg("kind"), nb::arg("name"), nb::arg("inputs"),
-        nb::arg("outputs"), nb::arg("op") = 0, nb::arg("prescale") = 1.0,
+  // noconvert: an array that would need converting (non-contiguous, wrong device)
+  // is refused instead of being silently copied -- results written into a
+  // temporary copy would be lost.
+  m.def("submit", &SubmitArrays, nb::arg("kind"), nb::arg("name"), nb::arg("inputs").noconvert(),
+        nb::arg("outputs").noconvert(), nb::arg("op") = 0, nb::arg("prescale") = 1.0,
         nb::arg("postscale") = 1.0, nb::arg("root") = 0,
         nb::arg("dtype_codes") = std::vector<int>());
 }

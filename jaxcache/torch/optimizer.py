@@ -197,7 +197,7 @@ class _DistributedMixin:
             tensors.append(g)
         unit.handle = ops.submit(ops.KIND_ALLREDUCE, unit.name, tensors, inplace=True,
                                  op=self._jc_op_code, prescale=self._jc_pre, postscale=self._jc_post,
-                                 single=False)
+                                 single=False, bump=False)
         self._jc_pending.append(unit)
 
     # --- public API ------------------------------------------------------------------------
@@ -289,6 +289,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, op: str = "average", 
         parameters; a group is one atomic request, submitted when its last gradient is ready.
     backward_passes_per_step: local accumulation steps before the reduction.
 
+    To change gradients before the update (e.g. clip_grad_norm_), call synchronize() first:
+    until then the reductions may still be writing them; step() then does not reduce again.
     A parameter without a gradient on some rank contributes zeros; after step() every
     trainable parameter has a gradient (the reduced one). The returned object is an instance
     of a subclass of the optimizer's class sharing its state; use it instead of the original.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from _util import COMM, assert_close, done, same_on_all_ranks
+from _util import COMM, done, same_on_all_ranks
 
 import jaxcache.torch as jct
 from jaxcache._ext import ext
@@ -158,7 +158,8 @@ assert ext.data_pointer(t) == t.data_ptr(), "DLPack hand-over of a contiguous te
 view = torch.zeros(10, 100)[3:5]  # contiguous view with a storage offset
 assert ext.data_pointer(view) == view.data_ptr()
 h = jct.allreduce_async_(t, op="sum", name="zero-copy")
-assert h._inputs[0].data_ptr() == t.data_ptr() and h._outputs[0].data_ptr() == t.data_ptr(), \
+# What the bridge handed the runtime is the tensor's own memory, input and output alike.
+assert ext.data_pointer(h._inputs[0]) == t.data_ptr() and ext.data_pointer(h._outputs[0]) == t.data_ptr(), \
     "the bridge staged a contiguous tensor"
 ptr_before = t.data_ptr()
 jct.synchronize(h)
@@ -166,8 +167,14 @@ assert t.data_ptr() == ptr_before
 assert torch.equal(t, torch.arange(1000, dtype=torch.float32) * SIZE + sum(range(SIZE)))
 # Out of place: the input is read in place, the output is a fresh tensor.
 h = jct.allreduce_async(t, op="max", name="zero-copy-oop")
-assert h._inputs[0].data_ptr() == t.data_ptr()
+assert ext.data_pointer(h._inputs[0]) == t.data_ptr()
+out = jct.synchronize(h)
+assert ext.data_pointer(h_out := out) == h_out.data_ptr()
+bf = torch.ones(8, dtype=torch.bfloat16) * (RANK + 1)  # bfloat16 travels as its int16 bits, in place
+h = jct.allreduce_async_(bf, op="sum", name="zero-copy-bf16")
+assert ext.data_pointer(h._inputs[0]) == bf.data_ptr()
 jct.synchronize(h)
+assert torch.equal(bf, torch.full((8,), float(sum(range(1, SIZE + 1))), dtype=torch.bfloat16))
 
 # --- non-contiguous fallback (copy in, copy back) -------------------------------------------------------
 base = (torch.arange(24, dtype=torch.float32).reshape(4, 6) + 100 * RANK)

@@ -1,0 +1,22 @@
+"""TensorFlow bridge (jaxcache.tensorflow): multi-rank programs under mpirun with 2 and 3 ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("tensorflow")
+
+from conftest import run_mpi  # noqa: E402
+
+TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0"}
+
+
+def test_ops_against_numpy_eager_and_tf_function_and_bad_input(nranks):
+    out = run_mpi("tf_ops.py", nranks, timeout=300, env=TF_ENV).stdout
+    assert f"tf_ops: OK on {nranks} ranks" in out
+
+
+def test_distributed_gradient_tape_matches_single_process(nranks):
+    out = run_mpi("tf_train.py", nranks, timeout=300, env=TF_ENV).stdout
+    assert f"tf_train: OK on {nranks} ranks" in out
+    assert out.count(": OK\n") >= 5
