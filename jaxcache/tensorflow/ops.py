@@ -10,8 +10,6 @@ them in the same order and a blocked op can never wait for one its own graph has
 from __future__ import annotations
 
 import collections
-import os
-import sys
 import threading
 import weakref
 
@@ -21,12 +19,11 @@ import tensorflow as tf
 from .. import runtime as _runtime
 from .._ext import ext
 from ..errors import raise_for_status
-from ..ops import validation
+from ..ops import naming, validation
 from ..ops.eager import DTYPE_CODES as _NP_DTYPE_CODES
 
 KIND_ALLREDUCE, KIND_BROADCAST, KIND_ALLGATHER = 0, 1, 2
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _BFLOAT16 = np.dtype(tf.bfloat16.as_numpy_dtype)
 
 
@@ -79,19 +76,7 @@ _per_graph: "weakref.WeakKeyDictionary[object, collections.Counter]" = weakref.W
 _lock = threading.Lock()
 
 
-def _call_site() -> str:
-    frame = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep):
-        frame = frame.f_back
-    if frame is None:
-        return "unknown"
-    code = frame.f_code
-    filename = os.path.basename(code.co_filename)
-    if filename.startswith("__autograph_generated_file"):
-        # tf.function's AutoGraph rewrote the caller into a module with a random file name;
-        # its content (hence the line) is the same on every rank running the same source.
-        filename = "autograph"
-    return f"{filename}:{frame.f_lineno}:{code.co_name}"
+_call_site = naming.call_site
 
 
 def auto_name(kind: str, name: str | None, fn: str) -> str:

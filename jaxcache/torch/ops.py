@@ -13,8 +13,6 @@ Every handle must be synchronized: the bridge keeps the tensors alive until then
 from __future__ import annotations
 
 import atexit
-import os
-import sys
 import threading
 from typing import Sequence
 
@@ -24,7 +22,7 @@ import torch
 from .. import runtime as _runtime
 from .._ext import ext
 from ..errors import raise_for_status
-from ..ops import validation
+from ..ops import naming, validation
 from ..ops.eager import DTYPE_CODES as _NP_DTYPE_CODES
 
 KIND_ALLREDUCE, KIND_BROADCAST, KIND_ALLGATHER = 0, 1, 2
@@ -39,7 +37,6 @@ for _code, _name in enumerate(
         _DTYPE_CODES[getattr(torch, _name)] = _code
 _NP_BY_CODE = {code: dt for dt, code in _NP_DTYPE_CODES.items()}
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def dtype_code(dtype: torch.dtype) -> int:
@@ -105,14 +102,7 @@ _auto_in_flight: set[str] = set()  # automatic names held by handles not yet syn
 _outstanding: dict[int, "Handle"] = {}  # keeps tensors alive until synchronize()
 
 
-def _call_site() -> str:
-    frame = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep):
-        frame = frame.f_back
-    if frame is None:
-        return "unknown"
-    code = frame.f_code
-    return f"{os.path.basename(code.co_filename)}:{frame.f_lineno}:{code.co_name}"
+_call_site = naming.call_site
 
 
 def _auto_name(kind: str) -> str:
