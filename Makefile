@@ -22,10 +22,10 @@ demo: install
 	$(VENV)/bin/mpirun -np $(NP) $(PY) examples/train_digits.py
 
 test: install-test
-	$(PY) -m pytest -v -rs tests --ignore=tests/multihost
+	$(VENV)/bin/pytest -v -rs tests --ignore=tests/multihost
 
 test-multihost: install-test
-	$(PY) -m pytest -v -rs tests/multihost
+	$(VENV)/bin/pytest -v -rs tests/multihost
 
 bench: install
 	$(VENV)/bin/mpirun -np $(NP) $(PY) -m jaxcache.bench

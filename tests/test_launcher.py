@@ -8,13 +8,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from jaxcache import run
 
-REPO = Path(__file__).resolve().parent.parent
 
 HYDRA_VERSION = """HYDRA build details:
     Version:                                 5.0.2
@@ -209,13 +207,12 @@ def test_dry_run_for_mocked_families(monkeypatch, capsys):
         assert out.endswith(f"{sys.executable} t.py 'a b'")
 
 
-def test_dry_run_cli():
+def test_dry_run_cli(tmp_path):
     """`python -m jaxcache.run --dry-run` end to end with the real detection."""
     proc = subprocess.run(
         [sys.executable, "-m", "jaxcache.run", "-np", "2", "--dry-run", "--timeline", "t.json",
          "train.py", "--epochs", "1"],
-        capture_output=True, text=True, timeout=120, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
+        capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     line = proc.stdout.strip()
     assert " -np 2 " in line and line.endswith("train.py --epochs 1")
@@ -240,12 +237,12 @@ TINY = textwrap.dedent("""
 def test_real_two_rank_run(tmp_path):
     script = tmp_path / "tiny.py"
     script.write_text(TINY)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "jaxcache.run", "-np", "2", "--fusion-threshold-mb", "2",
          "--timeline", str(tmp_path / "tl.json"), str(script), "x", "--y"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        start_new_session=True)
+        start_new_session=True, cwd=tmp_path)
     try:
         out, _ = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -264,6 +261,5 @@ def test_exit_status_is_the_jobs(tmp_path):
     script = tmp_path / "fail.py"
     script.write_text("import sys\nsys.exit(3)\n")
     proc = subprocess.run([sys.executable, "-m", "jaxcache.run", "-np", "2", str(script)],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 3, proc.stdout + proc.stderr
