@@ -12,3 +12,8 @@ def test_cache(nranks, mode, capacity):
     if mode == "small":
         # The first eviction warns once, on rank 0, suggesting a larger capacity.
         assert result.stdout.count("response cache is full") == 1, result.stdout[-3000:]
+
+
+def test_idle_process_uses_under_2_percent_cpu(nranks):
+    out = run_mpi("idle_cpu.py", nranks, "10", timeout=120).stdout
+    assert out.count("of a core") == nranks, out
