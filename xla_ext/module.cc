@@ -157,6 +157,9 @@ nb::capsule Capsule(T* fn) {
 
 NB_MODULE(_jaxcache_ext, m) {
   m.doc() = "jaxcache C++ runtime";
+  // Handles held by module globals (or in flight at exit) outlive nanobind's
+  // shutdown check; that is expected, not a reference-counting bug.
+  nb::set_leak_warnings(false);
 
   m.def("ffi_api_version", [] { return std::make_pair(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR); });
   m.def("registrations", [] {

@@ -129,7 +129,10 @@ void Runtime::Loop() {
     for (;;) {
       if (!want_shutdown_) {
         if (!controller_->HasPending()) {
-          queue_.WaitFor(heartbeat);  // idle: wake on new work or the heartbeat
+          // Idle: wake on new work or the heartbeat. With a cycle time, the first
+          // request of a burst waits that long so that the rest of the burst joins
+          // its cycle (and its fusion buffer).
+          if (queue_.WaitFor(heartbeat) && cycle_time.count() > 0) std::this_thread::sleep_for(cycle_time);
           idle_backoff = kMinBackoff;
         } else if (!progress) {
           // Work is pending but waits for other ranks: do not spin cycles.

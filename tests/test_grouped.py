@@ -1,0 +1,16 @@
+"""grouped_allreduce on 2 and 3 ranks."""
+
+from conftest import run_mpi
+
+
+def test_grouped_pytrees_modes_atomicity_transforms(nranks):
+    run_mpi("grouped.py", nranks, "main", timeout=300)
+
+
+def test_groups_ready_together_are_fused(nranks):
+    run_mpi("grouped.py", nranks, "fusion", timeout=120, env={"JAXCACHE_CYCLE_TIME": "100"})
+
+
+def test_group_fusion_can_be_disabled(nranks):
+    run_mpi("grouped.py", nranks, "fusion-disabled", timeout=120,
+            env={"JAXCACHE_CYCLE_TIME": "100", "JAXCACHE_DISABLE_GROUP_FUSION": "1"})
