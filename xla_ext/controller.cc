@@ -59,11 +59,15 @@ CycleOutcome Controller::RunCycle(bool want_shutdown, const std::function<void()
   std::vector<uint64_t> bits((nbits + 63) / 64, 0);
   for (const auto& [bit, req] : cached_) SetBit(bits, bit);
   // Flags are stored inverted: the AND of "not X" is "no rank has X".
-  auto oldest = OldestPending();
-  bool local_flags[kNumFlags] = {
-      want_shutdown, !unsent_.empty(), !invalid_.empty(),
-      HasPending() && stall_.WantsReport(oldest, t0),
-      HasPending() && stall_.WantsShutdown(oldest, t0)};
+  bool stall_report = false, stall_shutdown = false;
+  if (HasPending() && t0 - last_stall_scan_ > std::chrono::milliseconds(200)) {
+    last_stall_scan_ = t0;
+    auto oldest = OldestPending();
+    stall_report = stall_.WantsReport(oldest, t0);
+    stall_shutdown = stall_.WantsShutdown(oldest, t0);
+  }
+  bool local_flags[kNumFlags] = {want_shutdown, !unsent_.empty(), !invalid_.empty(),
+                                 stall_report, stall_shutdown};
   for (int f = 0; f < kNumFlags; ++f)
     if (!local_flags[f]) SetBit(bits, cap + f);
 
@@ -106,7 +110,7 @@ CycleOutcome Controller::RunCycle(bool want_shutdown, const std::function<void()
     ++stats_.cache_hits;
     timeline_.NegotiateEnd(req->name);
     timeline_.Begin(req->name, "QUEUE");
-    out.work.push_back({Response{req->name, Status::Ok(), cache_.SignatureAt(bit)}, std::move(req)});
+    out.work.push_back({std::move(req)});
   }
 
   if (any(kUncached)) CoordinatorRound(&out);
@@ -173,7 +177,7 @@ void Controller::CoordinatorRound(CycleOutcome* out) {
       cache_changed = true;
     }
     timeline_.Begin(resp.name, "QUEUE");
-    out->work.push_back({std::move(resp), std::move(req)});
+    out->work.push_back({std::move(req)});
   }
   if (cache_changed) PublishLayout();
 }

@@ -27,9 +27,12 @@
 
 namespace jaxcache {
 
+// A decided request. Its own signature is the agreed one (a cache hit matched
+// it exactly; a coordinator response means every rank's was equal).
 struct Work {
-  Response response;
   RequestPtr request;
+  bool queued = true;  // still waiting for its turn (timeline QUEUE phase)
+  const Signature& sig() const { return request->sig; }
 };
 
 struct CycleOutcome {
@@ -58,6 +61,9 @@ class Controller {
   void InsertIntoCache(const Response& resp);
   void HandleStall(bool shutdown, CycleOutcome* out);
   Clock::time_point OldestPending() const;
+  // Stall flags need the oldest pending request; scanning all of them every
+  // cycle would make a cycle cost O(pending), so the scan runs a few times a second.
+  Clock::time_point last_stall_scan_{};
   void PublishLayout();
 
   Comm& comm_;

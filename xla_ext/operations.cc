@@ -23,9 +23,9 @@ void CopyScaled(const void* in, void* out, int64_t count, DType dtype, double fa
 }  // namespace
 
 void Operations::Dequeue(Work& w) {
-  if (!timeline_.enabled() || w.response.name.empty()) return;
+  if (!timeline_.enabled() || !w.queued) return;
   timeline_.End(w.request->name, "QUEUE");
-  w.response.name.clear();  // dequeued once
+  w.queued = false;
 }
 
 void Operations::PhaseAll(std::vector<Work>& work, const std::vector<Item>& items,
@@ -42,18 +42,17 @@ void Operations::PhaseAll(std::vector<Work>& work, const std::vector<Item>& item
 
 void Operations::Execute(std::vector<Work>& work, const Complete& complete) {
   std::vector<int> remaining(work.size(), 0);
-  std::vector<std::size_t> allreduces;
-  for (std::size_t i = 0; i < work.size(); ++i) {
-    if (work[i].response.sig.kind == Kind::kAllreduce) allreduces.push_back(i);
-  }
+  std::vector<std::size_t> allreduces, others;
+  for (std::size_t i = 0; i < work.size(); ++i)
+    (work[i].sig().kind == Kind::kAllreduce ? allreduces : others).push_back(i);
   if (!allreduces.empty()) Allreduce(work, allreduces, &remaining, complete);
-  for (std::size_t i = 0; i < work.size(); ++i) {
+  // (Completed work has handed its request on: only `others` are touched below.)
+  for (std::size_t i : others) {
     Work& w = work[i];
-    if (w.response.sig.kind == Kind::kAllreduce) continue;
     Status st;
     Dequeue(w);
     try {
-      w.response.sig.kind == Kind::kBroadcast ? Broadcast(w) : Allgather(w);
+      w.sig().kind == Kind::kBroadcast ? Broadcast(w) : Allgather(w);
     } catch (const std::exception& e) {
       st = Status::Error(ErrorKind::kInternal, e.what());
     }
@@ -71,7 +70,7 @@ void Operations::Allreduce(std::vector<Work>& work, const std::vector<std::size_
   std::map<FusionKey, std::vector<Item>> buckets;
   std::vector<Item> direct;
   for (std::size_t wi : which) {
-    const Signature& sig = work[wi].response.sig;
+    const Signature& sig = work[wi].sig();
     for (std::size_t t = 0; t < sig.tensors.size(); ++t) {
       const TensorSpec& spec = sig.tensors[t];
       Item item{wi, t, spec.NumElements(), spec.NumBytes()};
@@ -144,7 +143,7 @@ void Operations::Allreduce(std::vector<Work>& work, const std::vector<std::size_
 
 void Operations::FusedAllreduce(std::vector<Work>& work, const std::vector<Item>& items,
                                 std::vector<int>*, const Complete&) {
-  const Signature& sig0 = work[items[0].work].response.sig;
+  const Signature& sig0 = work[items[0].work].sig();
   DType dtype = sig0.tensors[items[0].tensor].dtype;
   std::size_t total = 0;
   for (const Item& it : items) total += it.bytes;
@@ -190,7 +189,7 @@ void Operations::FusedAllreduce(std::vector<Work>& work, const std::vector<Item>
 
 void Operations::DirectAllreduce(Work& w, const Item& item) {
   Request& r = *w.request;
-  const Signature& sig = w.response.sig;
+  const Signature& sig = w.sig();
   DType dtype = sig.tensors[item.tensor].dtype;
   void* out = r.outputs[item.tensor];
   Dequeue(w);
@@ -206,7 +205,7 @@ void Operations::DirectAllreduce(Work& w, const Item& item) {
 
 void Operations::Broadcast(Work& w) {
   Request& r = *w.request;
-  const Signature& sig = w.response.sig;
+  const Signature& sig = w.sig();
   timeline_.Begin(r.name, "MPI_BCAST");
   for (std::size_t t = 0; t < sig.tensors.size(); ++t) {
     std::size_t bytes = sig.tensors[t].NumBytes();
@@ -221,7 +220,7 @@ void Operations::Broadcast(Work& w) {
 
 void Operations::Allgather(Work& w) {
   Request& r = *w.request;
-  const Signature& sig = w.response.sig;
+  const Signature& sig = w.sig();
   timeline_.Begin(r.name, "MPI_ALLGATHER");
   for (std::size_t t = 0; t < sig.tensors.size(); ++t) {
     std::size_t bytes = sig.tensors[t].NumBytes();
