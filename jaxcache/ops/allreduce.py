@@ -83,6 +83,9 @@ def reduce_values(values: list, op: str, name: str, prescale: float, postscale: 
         # and keeps half-precision sums away from overflow.
         prescale = prescale / runtime.size()
         op = "sum"
+    if not any(isinstance(v, jax.core.Tracer) for v in values):
+        # Eager: straight to the runtime, skipping JAX's primitive dispatch.
+        return _impl(*values, name=name, op=op, prescale=prescale, postscale=postscale)
     return list(allreduce_p.bind(*values, name=name, op=op, prescale=prescale, postscale=postscale))
 
 
