@@ -95,6 +95,8 @@ def run_size(nbytes: int, jax: Any, jc: Any, batches: int, target_s: float) -> d
     x = common.rank_tensor(shape, 0, COMM.Get_rank())
     row: dict[str, Any] = {"size": format_size(nbytes), "bytes": nbytes}
     notes = []
+    meter = common.OtherLoad()
+    meter.start()
     for name, (fn, op) in methods_for(x, jax, jc).items():
         want = common.reference([shape], COMM.Get_size(), op)
         check = lambda out, want=want: common.all_close([out], want)  # noqa: E731
@@ -106,6 +108,8 @@ def run_size(nbytes: int, jax: Any, jc: Any, batches: int, target_s: float) -> d
             row[f"{name}_GBps"] = nbytes / seconds / 1e9
     for name in ("jc_eager", "jc_jit"):
         row[f"{name}/mpi"] = common.ratio(row.get(f"{name}_us"), row.get("mpi4py_us"))
+    row["other_load"] = meter.stop()
+    meter.free()
     row["note"] = "; ".join(notes)
     return row
 
@@ -123,6 +127,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    load_before = common.say_load("before")
     jax, _ = common.optional_import("jax")
     jc, reason = common.optional_import("jaxcache", ("init", "allreduce", "shutdown"))
     if jc is not None and jax is not None:
@@ -139,10 +144,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         if jc is not None:
             jc.shutdown()
     columns = ["size", "mpi4py_us", "jc_eager_us", "jc_jit_us", "jc_eager/mpi", "jc_jit/mpi",
-               "mpi4py_GBps", "jc_eager_GBps", "jc_jit_GBps", "note"]
-    common.say(f"P={COMM.Get_size()}; GB/s = bytes / time per call (algorithm bandwidth)")
+               "mpi4py_GBps", "jc_eager_GBps", "jc_jit_GBps", "other_load", "note"]
+    common.say(f"P={COMM.Get_size()}; GB/s = bytes / time per call (algorithm bandwidth); other_load = "
+               "cores used by processes outside this job while measuring (~0 = idle host)")
     common.print_table(rows, columns)
-    common.dump_json(args.json, {"benchmark": "allreduce", "P": COMM.Get_size(),
+    load_after = common.say_load("after")
+    common.dump_json(args.json, {"load_before": load_before, "load_after": load_after,
+                                 "benchmark": "allreduce", "P": COMM.Get_size(),
                                  "batches": args.batches, "rows": rows})
 
 

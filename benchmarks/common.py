@@ -12,6 +12,7 @@ import json
 import math
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -239,6 +240,61 @@ def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], comm: MP
     for row in rows:
         lines.append("| " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
     print("\n".join(lines), flush=True)
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (Linux), to flag runs disturbed by other work."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def say_load(when: str, comm: MPI.Comm = COMM) -> float | None:
+    """Report the load average on rank 0 relative to the core count."""
+    load = load_average()
+    if load is not None:
+        say(f"# load average {when}: {load:.2f} on {os.cpu_count()} cores", comm=comm, file=sys.stderr)
+    return load
+
+
+def _busy_cpu_seconds() -> float | None:
+    """CPU seconds all cores of this host spent busy since boot (Linux), or None."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class OtherLoad:
+    """Cores' worth of CPU that processes outside this job used during a measured span.
+
+    Host busy time minus the CPU time of this job's ranks on the same host; near 0 on an
+    idle machine. Collective: every rank must call ``start`` and ``stop``.
+    """
+
+    def __init__(self, comm: MPI.Comm = COMM) -> None:
+        self._comm = comm
+        self._node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        self._start: tuple[float | None, float, float] = (None, 0.0, 0.0)
+
+    def start(self) -> None:
+        self._start = (_busy_cpu_seconds(), time.process_time(), time.perf_counter())
+
+    def stop(self) -> float | None:
+        """The largest value over hosts, in cores (e.g. 1.0 = one core fully used by others)."""
+        busy0, own0, wall0 = self._start
+        busy1, own1, wall1 = _busy_cpu_seconds(), time.process_time(), time.perf_counter()
+        own = self._node.allreduce(own1 - own0, op=MPI.SUM)
+        local = -1.0 if busy0 is None or busy1 is None else max(0.0, busy1 - busy0 - own) / (wall1 - wall0)
+        worst = self._comm.allreduce(local, op=MPI.MAX)
+        return None if worst < 0 else worst
+
+    def free(self) -> None:
+        self._node.Free()
 
 
 def dump_json(path: str | None, payload: dict[str, Any], comm: MPI.Comm = COMM) -> None:
