@@ -96,7 +96,7 @@ bool ops_ready = false;
 // Above this size, scaled copies into a separate output use streaming stores:
 // the output is not read back soon (MPI reads it later, from memory anyway), and
 // skipping the read-for-ownership of fresh pages makes the copy as cheap as memcpy.
-constexpr int64_t kStreamingBytes = 256 << 10;
+constexpr int64_t kStreamingBytes = 8 << 20;  // beyond the caches
 
 template <typename T>
 void ScaleReal(const void* in, void* out, int64_t n, double factor) {

@@ -15,7 +15,10 @@ using std::chrono::microseconds;
 constexpr microseconds kMinBackoff{20};
 constexpr microseconds kBusyMaxBackoff{1000};
 constexpr microseconds kIdleMaxBackoff{10000};
-constexpr int kSpinPolls = 32;
+// A busy rank first polls its cycle for this long (yielding the core between
+// polls): peers usually answer within tens of microseconds, and a sleep
+// granularity of that order would otherwise double the latency.
+constexpr microseconds kBusySpin{250};
 }  // namespace
 
 void Runtime::Start(MPI_Comm comm, const Config& config) {
@@ -149,9 +152,9 @@ void Runtime::Loop() {
       last_cycle = Clock::now();
       const bool busy = controller_->HasPending();
       microseconds backoff = kMinBackoff;
-      int spins = 0;
+      const auto spin_until = last_cycle + (busy ? kBusySpin : microseconds(0));
       CycleOutcome out = controller_->RunCycle(want_shutdown_, [&] {
-        if (++spins < kSpinPolls) {
+        if (Clock::now() < spin_until) {
           std::this_thread::yield();
           return;
         }
