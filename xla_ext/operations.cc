@@ -116,7 +116,7 @@ void Operations::Allreduce(std::vector<Work>& work, const std::vector<std::size_
       }
       std::vector<Item> chunk(items.begin() + begin, items.begin() + end);
       try {
-        FusedAllreduce(work, chunk, remaining, complete);
+        FusedAllreduce(work, chunk);
       } catch (const std::exception& e) {
         for (const Item& it : chunk)
           if (work[it.work].request) complete(std::move(work[it.work].request),
@@ -141,8 +141,7 @@ void Operations::Allreduce(std::vector<Work>& work, const std::vector<std::size_
   }
 }
 
-void Operations::FusedAllreduce(std::vector<Work>& work, const std::vector<Item>& items,
-                                std::vector<int>*, const Complete&) {
+void Operations::FusedAllreduce(std::vector<Work>& work, const std::vector<Item>& items) {
   const Signature& sig0 = work[items[0].work].sig();
   DType dtype = sig0.tensors[items[0].tensor].dtype;
   std::size_t total = 0;

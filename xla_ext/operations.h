@@ -31,8 +31,8 @@ class Operations {
   };
   void Allreduce(std::vector<Work>& work, const std::vector<std::size_t>& which,
                  std::vector<int>* remaining, const Complete& complete);
-  void FusedAllreduce(std::vector<Work>& work, const std::vector<Item>& items,
-                      std::vector<int>* remaining, const Complete& complete);
+  // Reduces one chunk of small tensors through the fusion buffer.
+  void FusedAllreduce(std::vector<Work>& work, const std::vector<Item>& items);
   void DirectAllreduce(Work& w, const Item& item);
   void Broadcast(Work& w);
   // Marks the end of a request's wait between negotiation and execution.
