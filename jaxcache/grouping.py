@@ -30,6 +30,18 @@ def by_bytes(sizes: Sequence[int], limit: int) -> list[list[int]]:
     return groups
 
 
+def contiguous(n: int, count: int) -> list[list[int]]:
+    """Indices 0..n-1 in `count` contiguous groups whose lengths differ by at most one."""
+    count = min(count, n)
+    base, extra = divmod(n, count) if count else (0, 0)
+    out, start = [], 0
+    for g in range(count):
+        stop = start + base + (1 if g < extra else 0)
+        out.append(list(range(start, stop)))
+        start = stop
+    return out
+
+
 def by_count(sizes: Sequence[int], count: int) -> list[list[int]]:
     """`count` consecutive groups (reverse order) with balanced bytes."""
     if count < 1:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from .. import grouping
 from .. import runtime as _runtime
 from ..ops import validation
 from . import ops
@@ -61,14 +62,9 @@ class DistributedGradientTape:
         if groups is None:
             return [[i] for i in range(n)]
         if isinstance(groups, int):
-            k = min(groups, n)
-            base, extra = divmod(n, k) if k else (0, 0)
-            out, start = [], 0
-            for g in range(k):
-                stop = start + base + (1 if g < extra else 0)
-                out.append(list(range(start, stop)))
-                start = stop
-            return out
+            if groups < 1:
+                raise ValueError(f"jaxcache.tensorflow.DistributedGradientTape: groups must be >= 1, got {groups}")
+            return grouping.contiguous(n, groups)
         index = {id(s): i for i, s in enumerate(sources)}
         out, seen = [], set()
         for gi, group in enumerate(groups):

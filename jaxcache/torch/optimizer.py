@@ -6,6 +6,7 @@ import contextlib
 
 import torch
 
+from .. import grouping
 from .. import runtime as _runtime
 from . import ops
 from .functions import agree
@@ -126,17 +127,8 @@ class _DistributedMixin:
         if isinstance(groups, int):
             if groups < 1:
                 raise ValueError(f"jaxcache.torch.{fn}: groups must be >= 1, got {groups}")
-            n = min(groups, len(params))
-            if n == 0:
-                return []
             # Contiguous chunks in the optimizer's order (which follows the model's layers).
-            base, extra = divmod(len(params), n)
-            out, start = [], 0
-            for g in range(n):
-                stop = start + base + (1 if g < extra else 0)
-                out.append(list(range(start, stop)))
-                start = stop
-            return out
+            return grouping.contiguous(len(params), groups)
         if not isinstance(groups, (list, tuple)):
             raise TypeError(f"jaxcache.torch.{fn}: groups must be None, an int or a list of lists "
                             f"of parameters, got {type(groups).__name__}")
