@@ -14,7 +14,7 @@ import importlib
 _EXPORTS = {
     "init": "runtime", "shutdown": "runtime", "is_initialized": "runtime", "rank": "runtime",
     "size": "runtime", "local_rank": "runtime", "local_size": "runtime", "stats": "runtime",
-    "reset_stats": "runtime", "cache_layout": "runtime",
+    "reset_stats": "runtime", "cache_layout": "runtime", "barrier": "runtime",
     "allreduce": "ops.allreduce", "grouped_allreduce": "ops.grouped_allreduce",
     "broadcast": "ops.broadcast", "allgather": "ops.allgather",
     "JaxcacheError": "errors", "MismatchError": "errors", "StallError": "errors",

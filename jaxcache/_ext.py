@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 
 from mpi4py import MPI  # noqa: F401  (loads libmpi before the extension needs it)
 
@@ -62,5 +63,24 @@ if RUNNING_FFI_API is not None and (
         "reinstall jaxcache so it builds against this jaxlib"
     )
 
-for _name, _capsule in ext.registrations().items():
-    jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+_registered = False
+_register_lock = threading.Lock()
+
+
+def ensure_registered() -> None:
+    """Registers the FFI state type and targets with XLA, once (called by the lowerings).
+
+    Registration waits until the CPU backend exists: jaxlib replays registrations made
+    before that in an order that puts the targets before the state type they need.
+    """
+    global _registered
+    if _registered:
+        return
+    with _register_lock:
+        if _registered:
+            return
+        jax.devices("cpu")  # creates the backend if it does not exist yet
+        jax.ffi.register_ffi_type("jaxcache_call_site", ext.call_site_type(), platform="cpu")
+        for name, stages in ext.registrations().items():
+            jax.ffi.register_ffi_target(name, stages, platform="cpu")
+        _registered = True

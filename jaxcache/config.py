@@ -1,9 +1,14 @@
-"""Runtime settings from JAXCACHE_* environment variables, validated with clear errors."""
+"""Runtime settings from JAXCACHE_* environment variables, validated with clear errors.
+
+Rank 0's settings are authoritative: `synchronize()` broadcasts them at init() and every
+rank runs with them (a rank whose environment differs prints one warning per variable).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 
 _MIB = 1 << 20
 
@@ -21,9 +26,31 @@ class Config:
     timeline_path: str = ""
     timeline_mark_cycles: bool = False
     max_mpi_count: int = 2**31 - 1
+    shutdown_timeout_s: float = 30.0
+    fault_inject: str = ""
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+# The variable behind each setting (for messages).
+VARIABLES = {
+    "cache_capacity": "JAXCACHE_CACHE_CAPACITY",
+    "cycle_time_ms": "JAXCACHE_CYCLE_TIME",
+    "fusion_threshold": "JAXCACHE_FUSION_THRESHOLD",
+    "direct_threshold": "JAXCACHE_DIRECT_THRESHOLD",
+    "group_fusion": "JAXCACHE_DISABLE_GROUP_FUSION",
+    "stall_check_s": "JAXCACHE_STALL_CHECK_TIME",
+    "stall_shutdown_s": "JAXCACHE_STALL_SHUTDOWN_TIME",
+    "heartbeat_ms": "JAXCACHE_HEARTBEAT_MS",
+    "timeline_path": "JAXCACHE_TIMELINE",
+    "timeline_mark_cycles": "JAXCACHE_TIMELINE_MARK_CYCLES",
+    "max_mpi_count": "JAXCACHE_MAX_MPI_COUNT",
+    "shutdown_timeout_s": "JAXCACHE_SHUTDOWN_TIMEOUT",
+    "fault_inject": "JAXCACHE_FAULT_INJECT",
+}
+# Settings each rank keeps for itself: only rank 0 writes the timeline.
+_LOCAL = frozenset({"timeline_path", "timeline_mark_cycles"})
 
 
 def _number(var: str, default, kind, minimum=0):
@@ -49,7 +76,7 @@ def _flag(var: str) -> bool:
 
 
 def from_env() -> Config:
-    """Reads the environment. Every rank must see the same values (checked at init)."""
+    """Reads this process's environment (init() then uses rank 0's values everywhere)."""
     d = Config()
     return Config(
         cache_capacity=_number("JAXCACHE_CACHE_CAPACITY", d.cache_capacity, int),
@@ -63,4 +90,34 @@ def from_env() -> Config:
         timeline_path=os.environ.get("JAXCACHE_TIMELINE", ""),
         timeline_mark_cycles=_flag("JAXCACHE_TIMELINE_MARK_CYCLES"),
         max_mpi_count=_number("JAXCACHE_MAX_MPI_COUNT", d.max_mpi_count, int, 1),
+        shutdown_timeout_s=_number("JAXCACHE_SHUTDOWN_TIMEOUT", d.shutdown_timeout_s, float),
+        fault_inject=os.environ.get("JAXCACHE_FAULT_INJECT", "").strip(),
     )
+
+
+def _shown(field: str, value) -> str:
+    if field == "group_fusion":  # the variable says the opposite of the field
+        return "1" if not value else "0"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def synchronize(comm, mine: Config) -> Config:
+    """Rank 0's settings for every rank (collective over `comm`); warns where this rank's differ.
+
+    Settings that shape the cycle bitvector, the cycle timing or the sequence of MPI calls
+    must be identical everywhere, or ranks would issue mismatched MPI calls and hang.
+    """
+    theirs = comm.bcast(mine if comm.rank == 0 else None, root=0)
+    agreed = {}
+    for field in dataclasses.fields(Config):
+        mine_value, root_value = getattr(mine, field.name), getattr(theirs, field.name)
+        if field.name in _LOCAL:
+            agreed[field.name] = mine_value
+            continue
+        agreed[field.name] = root_value
+        if mine_value != root_value:
+            print(f"jaxcache: warning: rank {comm.rank}: {VARIABLES[field.name]}="
+                  f"{_shown(field.name, mine_value)} differs from rank 0's "
+                  f"{_shown(field.name, root_value)}; using rank 0's value", file=sys.stderr,
+                  flush=True)
+    return Config(**agreed)

@@ -19,8 +19,11 @@ class ShutdownError(JaxcacheError):
     """The runtime was shut down (on this or another rank) before the collective completed."""
 
 
-class DuplicateNameError(JaxcacheError):
-    """A collective with the same name is already in flight on this rank."""
+class DuplicateNameError(JaxcacheError, ValueError):
+    """An explicitly named torch/TensorFlow request reused a name still in flight on this rank.
+
+    Also a ValueError, as Horovod raises. (JAX collectives queue a repeated name instead.)
+    """
 
 
 class CollectiveError(JaxcacheError):

@@ -1,24 +1,29 @@
-"""Process API: init, shutdown, rank and size, counters."""
+"""Process API: init, shutdown, barrier, rank and size, counters."""
 
 from __future__ import annotations
 
 import atexit
+import sys
+import time
 
 from mpi4py import MPI
 
 from . import config as _config
 from ._ext import ext
+from .errors import raise_for_status
 
 _atexit_registered = False
+_shutdown_timeout_s = _config.Config().shutdown_timeout_s
 
 
 def init(comm: MPI.Comm | None = None) -> None:
     """Starts the background runtime over a duplicate of `comm` (default COMM_WORLD).
 
-    Collective over `comm`: every rank must call it. Calling it again while the
-    runtime is running does nothing; after `shutdown()` it starts a new runtime.
+    Collective over `comm`: every rank must call it. Rank 0's JAXCACHE_* settings are used
+    on every rank. Calling it again while the runtime is running does nothing; after
+    `shutdown()` it starts a new runtime.
     """
-    global _atexit_registered
+    global _atexit_registered, _shutdown_timeout_s
     if ext.running():
         return
     if comm is None:
@@ -30,22 +35,49 @@ def init(comm: MPI.Comm | None = None) -> None:
             "jaxcache needs MPI initialized with MPI_THREAD_MULTIPLE (its background thread calls "
             "MPI); do not lower mpi4py.rc.thread_level before importing mpi4py.MPI"
         )
-    cfg = _config.from_env()
-    ext.set_max_mpi_count(cfg.max_mpi_count)
+    cfg = _config.synchronize(comm, _config.from_env())
+    _shutdown_timeout_s = cfg.shutdown_timeout_s
     ext.init(MPI._addressof(comm), cfg.as_dict())
     if not _atexit_registered:
+        # Registered after mpi4py's own exit handler, so it runs before MPI is finalized.
         atexit.register(_shutdown_at_exit)
         _atexit_registered = True
 
 
 def shutdown() -> None:
-    """Stops the runtime. Pending and later collectives on every rank fail with ShutdownError."""
-    ext.shutdown(30.0)
+    """Stops the runtime once every rank has called shutdown(), like MPI_Finalize.
+
+    Waits at most JAXCACHE_SHUTDOWN_TIMEOUT seconds (default 30) for the other ranks; then
+    it stops anyway and says which ranks never came. Collectives still pending then fail
+    with ShutdownError on every rank. Also runs at interpreter exit.
+    """
+    problem = ext.shutdown(_shutdown_timeout_s)
+    if problem:
+        print(f"jaxcache: warning: rank {_rank_or_unknown()}: {problem}", file=sys.stderr, flush=True)
+
+
+def _rank_or_unknown():
+    try:
+        return ext.rank()
+    except RuntimeError:
+        return "?"
 
 
 def _shutdown_at_exit() -> None:
     if not MPI.Is_finalized():
-        ext.shutdown(10.0)
+        shutdown()
+    # Threads still waiting on collectives were woken by the shutdown; let them leave the
+    # extension before Python finalizes (a thread ended inside C++ aborts the process).
+    deadline = time.monotonic() + 2.0
+    while ext.waiters() > 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def barrier(name: str = "jaxcache.barrier") -> None:
+    """Returns once every rank has called barrier() (eager; negotiated like any collective)."""
+    require_initialized("jaxcache.barrier()")
+    status, message = ext.barrier(name).wait()
+    raise_for_status(status, message)
 
 
 def is_initialized() -> bool:

@@ -25,8 +25,11 @@ def test_stall_shutdown_fails_pending_ops(nranks):
 
 
 def test_shutdown_on_one_rank(nranks):
-    out = run_mpi("shutdown.py", nranks, "one-rank", timeout=90).stdout
+    out = run_mpi("shutdown.py", nranks, "one-rank", timeout=90,
+                  env={"JAXCACHE_SHUTDOWN_TIMEOUT": "2"}).stdout
     assert out.count("ShutdownError as expected") == nranks - 1, out
+    missing = "rank 1" if nranks == 2 else "ranks 1, 2"
+    assert f"{missing} never called shutdown()" in out, out
 
 
 def test_exit_with_collectives_in_flight(nranks):

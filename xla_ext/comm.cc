@@ -12,7 +12,6 @@
 namespace jaxcache {
 
 namespace {
-int64_t max_mpi_count = INT_MAX;
 
 void Check(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
@@ -23,10 +22,8 @@ void Check(int rc, const char* what) {
 }
 }  // namespace
 
-void SetMaxMpiCount(int64_t count) { max_mpi_count = std::max<int64_t>(1, std::min<int64_t>(count, INT_MAX)); }
-int64_t MaxMpiCount() { return max_mpi_count; }
-
-Comm::Comm(MPI_Comm user_comm) {
+Comm::Comm(MPI_Comm user_comm, int64_t max_count)
+    : max_count_(std::max<int64_t>(1, std::min<int64_t>(max_count, INT_MAX))) {
   Check(MPI_Comm_dup(user_comm, &comm_), "MPI_Comm_dup");
   // Errors come back as codes so the runtime can report them instead of aborting.
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
@@ -56,6 +53,7 @@ void Comm::PolledAllreduce(uint64_t* words, int count, MPI_Op op,
   for (;;) {
     Check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
     if (done) return;
+    CheckAbandoned("the negotiation cycle");
     between_polls();
     if (abort_timeout_s_ > 0) {
       double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -63,6 +61,11 @@ void Comm::PolledAllreduce(uint64_t* words, int count, MPI_Op op,
       if (waited > abort_timeout_s_) AbortUnanswered("the negotiation cycle", waited);
     }
   }
+}
+
+void Comm::CheckAbandoned(const char* what) const {
+  if (abandon_ && abandon_->load(std::memory_order_relaxed))
+    throw AbandonedError(std::string("jaxcache: gave up waiting for the other ranks in ") + what);
 }
 
 void Comm::AbortUnanswered(const char* what, double waited) {
@@ -83,6 +86,7 @@ void Comm::WaitWatched(MPI_Request* req, const char* what) {
     Check(MPI_Test(req, &done, MPI_STATUS_IGNORE), "MPI_Test");
     if (done) return;
     if (spins % 4096 == 0) {
+      CheckAbandoned(what);
       double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (waited > abort_timeout_s_) AbortUnanswered(what, waited);
     }
@@ -91,6 +95,14 @@ void Comm::WaitWatched(MPI_Request* req, const char* what) {
 
 void Comm::Allreduce(uint64_t* words, int count, MPI_Op op) {
   Check(MPI_Allreduce(MPI_IN_PLACE, words, count, MPI_UINT64_T, op, comm_), "MPI_Allreduce");
+}
+
+void Comm::AllreduceInt(int* value, MPI_Op op) {
+  Check(MPI_Allreduce(MPI_IN_PLACE, value, 1, MPI_INT, op, comm_), "MPI_Allreduce");
+}
+
+void Comm::AllgatherInt(int value, int* out) {
+  Check(MPI_Allgather(&value, 1, MPI_INT, out, 1, MPI_INT, comm_), "MPI_Allgather");
 }
 
 std::vector<std::vector<char>> Comm::GatherBytes(const std::vector<char>& mine) {
@@ -127,8 +139,8 @@ void Comm::AllreduceData(const void* in, void* out, int64_t count, DType dtype, 
   MPI_Datatype type = MpiDatatype(dtype);
   MPI_Op mpi_op = MpiOp(dtype, op);
   std::size_t esize = ElementSize(dtype);
-  for (int64_t off = 0; off < count; off += max_mpi_count) {
-    int n = static_cast<int>(std::min(max_mpi_count, count - off));
+  for (int64_t off = 0; off < count; off += max_count_) {
+    int n = static_cast<int>(std::min(max_count_, count - off));
     char* o = static_cast<char*>(out) + off * esize;
     const void* i = in == out ? MPI_IN_PLACE : static_cast<const char*>(in) + off * esize;
     if (abort_timeout_s_ > 0) {
@@ -142,8 +154,8 @@ void Comm::AllreduceData(const void* in, void* out, int64_t count, DType dtype, 
 }
 
 void Comm::BroadcastData(void* buf, int64_t bytes, int root) {
-  for (int64_t off = 0; off < bytes; off += max_mpi_count) {
-    int n = static_cast<int>(std::min(max_mpi_count, bytes - off));
+  for (int64_t off = 0; off < bytes; off += max_count_) {
+    int n = static_cast<int>(std::min(max_count_, bytes - off));
     char* p = static_cast<char*>(buf) + off;
     if (abort_timeout_s_ > 0) {
       MPI_Request req;
@@ -156,7 +168,7 @@ void Comm::BroadcastData(void* buf, int64_t bytes, int root) {
 }
 
 void Comm::AllgatherData(const void* in, void* out, int64_t bytes_per_rank) {
-  if (bytes_per_rank <= max_mpi_count && abort_timeout_s_ > 0) {
+  if (bytes_per_rank <= max_count_ && abort_timeout_s_ > 0) {
     MPI_Request req;
     Check(MPI_Iallgather(in, static_cast<int>(bytes_per_rank), MPI_BYTE, out,
                          static_cast<int>(bytes_per_rank), MPI_BYTE, comm_, &req),
@@ -164,7 +176,7 @@ void Comm::AllgatherData(const void* in, void* out, int64_t bytes_per_rank) {
     WaitWatched(&req, "an allgather");
     return;
   }
-  if (bytes_per_rank <= max_mpi_count) {
+  if (bytes_per_rank <= max_count_) {
     Check(MPI_Allgather(in, static_cast<int>(bytes_per_rank), MPI_BYTE, out,
                         static_cast<int>(bytes_per_rank), MPI_BYTE, comm_),
           "MPI_Allgather");

@@ -5,7 +5,9 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <cstdint>
+#include <stdexcept>
 #include <functional>
 #include <vector>
 
@@ -15,8 +17,9 @@ namespace jaxcache {
 
 class Comm {
  public:
-  // Duplicates `user_comm` (collective over it).
-  explicit Comm(MPI_Comm user_comm);
+  // Duplicates `user_comm` (collective over it). Data movement splits counts
+  // above `max_count` elements into several calls.
+  Comm(MPI_Comm user_comm, int64_t max_count);
   ~Comm();
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
@@ -27,12 +30,13 @@ class Comm {
   int local_size() const { return local_size_; }
 
   // Nonblocking allreduce polled with backoff, so a rank waiting for its
-  // peers sleeps instead of spinning. `wait(backoff)` is called between
-  // polls; it may return early (e.g. when new local work arrives) and returns
-  // the next backoff to use.
+  // peers sleeps instead of spinning: `between_polls` sleeps (or yields).
   void PolledAllreduce(uint64_t* words, int count, MPI_Op op,
                        const std::function<void()>& between_polls);
   void Allreduce(uint64_t* words, int count, MPI_Op op);
+  void AllreduceInt(int* value, MPI_Op op);
+  // out[r] = rank r's value.
+  void AllgatherInt(int value, int* out);
 
   // Rank 0 receives every rank's bytes (empty on other ranks).
   std::vector<std::vector<char>> GatherBytes(const std::vector<char>& mine);
@@ -50,19 +54,26 @@ class Comm {
   // gone (dead process, failed link): the job is aborted instead of hanging.
   // Data movement then uses nonblocking calls so that it can be watched too.
   void SetAbortTimeout(double seconds) { abort_timeout_s_ = seconds; }
+  // Once `*flag` is set, polled waits stop with AbandonedError: a shutdown
+  // that gave up on unresponsive peers must not leave the thread inside MPI.
+  void SetAbandonFlag(const std::atomic<bool>* flag) { abandon_ = flag; }
+  int64_t max_count() const { return max_count_; }
 
  private:
   // Spins on `req` (data movement needs MPI progress), watching the deadline.
   void WaitWatched(MPI_Request* req, const char* what);
   [[noreturn]] void AbortUnanswered(const char* what, double waited);
+  void CheckAbandoned(const char* what) const;
   double abort_timeout_s_ = 0;
+  int64_t max_count_;
+  const std::atomic<bool>* abandon_ = nullptr;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 };
 
-// Largest element count passed to one MPI call. Defaults to INT_MAX; lowered
-// by tests (JAXCACHE_MAX_MPI_COUNT) so chunking is exercised on small tensors.
-void SetMaxMpiCount(int64_t count);
-int64_t MaxMpiCount();
+// Thrown out of a wait that was abandoned (see SetAbandonFlag).
+struct AbandonedError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 }  // namespace jaxcache

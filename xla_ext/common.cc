@@ -39,6 +39,7 @@ const char* KindName(Kind k) {
     case Kind::kAllreduce: return "allreduce";
     case Kind::kBroadcast: return "broadcast";
     case Kind::kAllgather: return "allgather";
+    case Kind::kBarrier: return "barrier";
   }
   return "unknown";
 }

@@ -18,7 +18,8 @@ enum class DType : uint8_t {
 constexpr int kNumDTypes = 15;
 
 enum class ReduceOp : uint8_t { kSum = 0, kMin, kMax, kProd };
-enum class Kind : uint8_t { kAllreduce = 0, kBroadcast, kAllgather };
+// kBarrier carries no tensors: its negotiation is the synchronization.
+enum class Kind : uint8_t { kAllreduce = 0, kBroadcast, kAllgather, kBarrier };
 
 std::size_t ElementSize(DType dtype);
 const char* DTypeName(DType dtype);

@@ -1,6 +1,8 @@
 #include "controller.h"
 
 #include <cstdio>
+#include <set>
+#include <sstream>
 
 namespace jaxcache {
 
@@ -8,47 +10,69 @@ namespace {
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 inline void SetBit(std::vector<uint64_t>& v, std::size_t b) { v[b / 64] |= 1ull << (b % 64); }
 inline bool GetBit(const std::vector<uint64_t>& v, std::size_t b) { return (v[b / 64] >> (b % 64)) & 1; }
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::ostringstream s;
+  s << (ranks.size() == 1 ? "rank " : "ranks ");
+  for (std::size_t i = 0; i < ranks.size(); ++i) s << (i ? ", " : "") << ranks[i];
+  return s.str();
+}
+
+// A local failure inside a protocol step: recorded, never thrown past the
+// step, so this rank still makes every MPI call its peers make.
+struct InjectedFault : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 }  // namespace
 
-Controller::Controller(Comm& comm, const Config& config, Stats& stats, Timeline& timeline)
+Controller::Controller(Comm& comm, const Config& config, Stats& stats, Timeline& timeline,
+                       RequestTable& table, FaultInjector& faults)
     : comm_(comm),
       config_(config),
       stats_(stats),
       timeline_(timeline),
+      table_(table),
+      faults_(faults),
       cache_(static_cast<std::size_t>(config.cache_capacity)),
-      table_(comm.size()),
+      messages_(comm.size()),
       stall_(config) {}
 
-void Controller::Add(RequestPtr req) {
+void Controller::Add(Request* req) {
   uint32_t bit = 0;
   auto found = cache_.capacity() ? cache_.Find(req->name, req->sig, &bit) : ResponseCache::Lookup::kMiss;
   timeline_.NegotiateBegin(req->name, found == ResponseCache::Lookup::kHit ? "cached" : "coordinator");
   if (found == ResponseCache::Lookup::kHit) {
-    cached_[bit] = std::move(req);
+    cached_[bit] = req;
     return;
   }
   if (found == ResponseCache::Lookup::kInvalid) invalid_.push_back(bit);
   ++stats_.cache_misses;
-  unsent_.push_back(std::move(req));
+  unsent_.push_back(req);
+}
+
+void Controller::ReportFault(const std::string& what) {
+  std::lock_guard<std::mutex> lock(fault_mu_);
+  if (fault_.empty()) fault_ = what;
 }
 
 void Controller::MoveToUncached(uint32_t bit) {
   auto it = cached_.find(bit);
   if (it == cached_.end()) return;
   ++stats_.cache_misses;
-  unsent_.push_back(std::move(it->second));
+  unsent_.push_back(it->second);
   cached_.erase(it);
 }
 
 Clock::time_point Controller::OldestPending() const {
   Clock::time_point oldest = Clock::now();
   for (const auto& [bit, r] : cached_) oldest = std::min(oldest, r->submitted);
-  for (const auto& r : unsent_) oldest = std::min(oldest, r->submitted);
+  for (const auto* r : unsent_) oldest = std::min(oldest, r->submitted);
   for (const auto& [name, r] : sent_) oldest = std::min(oldest, r->submitted);
   return oldest;
 }
 
-CycleOutcome Controller::RunCycle(bool want_shutdown, const std::function<void()>& between_polls) {
+CycleOutcome Controller::RunCycle(const CycleIntent& intent,
+                                  const std::function<void()>& between_polls) {
   CycleOutcome out;
   auto t0 = Clock::now();
   ++stats_.cycles;
@@ -58,7 +82,6 @@ CycleOutcome Controller::RunCycle(bool want_shutdown, const std::function<void()
   const std::size_t nbits = cap + kNumFlags;
   std::vector<uint64_t> bits((nbits + 63) / 64, 0);
   for (const auto& [bit, req] : cached_) SetBit(bits, bit);
-  // Flags are stored inverted: the AND of "not X" is "no rank has X".
   bool stall_report = false, stall_shutdown = false;
   if (HasPending() && t0 - last_stall_scan_ > std::chrono::milliseconds(200)) {
     last_stall_scan_ = t0;
@@ -66,21 +89,30 @@ CycleOutcome Controller::RunCycle(bool want_shutdown, const std::function<void()
     stall_report = stall_.WantsReport(oldest, t0);
     stall_shutdown = stall_.WantsShutdown(oldest, t0);
   }
-  bool local_flags[kNumFlags] = {want_shutdown, !unsent_.empty(), !invalid_.empty(),
-                                 stall_report, stall_shutdown};
+  bool has_fault;
+  {
+    std::lock_guard<std::mutex> lock(fault_mu_);
+    has_fault = !fault_.empty();
+  }
+  const bool local[kNumFlags] = {intent.shutdown_requested, intent.shutdown_forced,
+                                 !unsent_.empty(),          !invalid_.empty(),
+                                 stall_report,              stall_shutdown,
+                                 has_fault};
   for (int f = 0; f < kNumFlags; ++f)
-    if (!local_flags[f]) SetBit(bits, cap + f);
+    if (local[f] == (f == kShutdownRequested)) SetBit(bits, cap + f);
 
   comm_.PolledAllreduce(bits.data(), static_cast<int>(bits.size()), MPI_BAND, between_polls);
   ++stats_.bitvector_syncs;
   auto any = [&](Flag f) { return !GetBit(bits, cap + f); };
 
-  if (any(kShutdown)) {
-    FailAll(Status::Error(ErrorKind::kShutdown,
-                          "jaxcache: the runtime was shut down (shutdown() was called on at least "
-                          "one rank); collectives can no longer complete"),
-            &out);
-    out.shutdown = true;
+  if (any(kShutdownForced) || GetBit(bits, cap + kShutdownRequested)) {
+    Shutdown(any(kShutdownForced), intent.shutdown_requested, &out);
+    stats_.AddNegotiation(Since(t0));
+    return out;
+  }
+  if (any(kFault) || any(kStallShutdown)) {
+    CancelRound(any(kFault) ? CancelCause::kFault : CancelCause::kStall);
+    out.progress = true;
     stats_.AddNegotiation(Since(t0));
     return out;
   }
@@ -103,73 +135,116 @@ CycleOutcome Controller::RunCycle(bool want_shutdown, const std::function<void()
   // Common hits, ascending bit order: identical on every rank.
   for (auto it = cached_.begin(); it != cached_.end();) {
     if (!GetBit(bits, it->first)) { ++it; continue; }
-    uint32_t bit = it->first;
-    RequestPtr req = std::move(it->second);
+    Request* req = it->second;
+    cache_.Touch(it->first);
     it = cached_.erase(it);
-    cache_.Touch(bit);
     ++stats_.cache_hits;
     timeline_.NegotiateEnd(req->name);
     timeline_.Begin(req->name, "QUEUE");
-    out.work.push_back({std::move(req)});
+    out.work.push_back(req);
   }
 
-  if (any(kUncached)) CoordinatorRound(&out);
-  if (any(kStallReport) || any(kStallShutdown)) HandleStall(any(kStallShutdown), &out);
+  if (any(kUncached) && !CoordinatorRound(&out)) {
+    // Some rank could not complete the round: nothing decided in this cycle
+    // may run anywhere. The cancel round fails it all, on every rank alike.
+    out.work.clear();
+    out.failed.clear();
+    CancelRound(CancelCause::kFault);
+    out.progress = true;
+    stats_.AddNegotiation(Since(t0));
+    return out;
+  }
+  if (any(kStallReport)) StallReport();
 
   out.progress = !out.work.empty() || !out.failed.empty();
   stats_.AddNegotiation(Since(t0));
   return out;
 }
 
-void Controller::CoordinatorRound(CycleOutcome* out) {
+std::vector<char> Controller::MatchRequests(const std::vector<std::vector<char>>& gathered) {
+  if (faults_.Fire(FaultPoint::kDecode)) throw InjectedFault("decoding a request message (injected fault)");
+  Writer rw;
+  rw.U8(1);  // decided normally
+  for (int r = 0; r < comm_.size(); ++r) {
+    Reader rd(gathered[r].data(), gathered[r].size());
+    while (!rd.done()) {
+      std::string name = rd.Str();
+      uint64_t seq = static_cast<uint64_t>(rd.I64());
+      Signature sig = rd.Sig();
+      timeline_.NegotiateBegin(name, "coordinator");
+      timeline_.Instant(name, "rank " + std::to_string(r) + " ready");
+      if (auto resp = messages_.Add(r, name, seq, sig)) {
+        rw.Str(resp->name);
+        rw.I64(static_cast<int64_t>(resp->seq));
+        rw.U8(static_cast<uint8_t>(resp->status.kind));
+        rw.Str(resp->status.message);
+        rw.Sig(resp->sig);
+      }
+    }
+  }
+  return std::move(rw.buffer());
+}
+
+bool Controller::CoordinatorRound(CycleOutcome* out) {
   ++stats_.coordinator_rounds;
+  std::string fault;
   Writer w;
-  for (auto& req : unsent_) {
+  for (Request* req : unsent_) {
     w.Str(req->name);
+    w.I64(static_cast<int64_t>(req->seq));
     w.Sig(req->sig);
-    std::string name = req->name;
-    sent_[name] = std::move(req);
+    sent_[req->name] = req;
   }
   unsent_.clear();
   auto gathered = comm_.GatherBytes(w.buffer());
+  if (faults_.Fire(FaultPoint::kCoordinator)) fault = "the coordinator round (injected fault)";
 
   std::vector<char> response_bytes;
   if (comm_.rank() == 0) {
-    Writer rw;
-    for (int r = 0; r < comm_.size(); ++r) {
-      Reader rd(gathered[r].data(), gathered[r].size());
-      while (!rd.done()) {
-        std::string name = rd.Str();
-        Signature sig = rd.Sig();
-        timeline_.NegotiateBegin(name, "coordinator");
-        timeline_.Instant(name, "rank " + std::to_string(r) + " ready");
-        if (auto resp = table_.Add(r, name, sig)) {
-          rw.Str(resp->name);
-          rw.U8(static_cast<uint8_t>(resp->status.kind));
-          rw.Str(resp->status.message);
-          rw.Sig(resp->sig);
-        }
-      }
+    try {
+      response_bytes = MatchRequests(gathered);
+    } catch (const std::exception& e) {
+      if (fault.empty()) fault = e.what();
+      response_bytes.assign(1, 0);  // "no decision": every rank still takes part in the bcast
     }
-    response_bytes = std::move(rw.buffer());
   }
   comm_.BroadcastBytes(&response_bytes);
 
-  Reader rd(response_bytes.data(), response_bytes.size());
+  // Decode without side effects; apply only once every rank has decoded.
+  std::vector<Response> responses;
+  if (fault.empty()) {
+    try {
+      if (comm_.rank() != 0 && faults_.Fire(FaultPoint::kDecode))
+        throw InjectedFault("decoding the response message (injected fault)");
+      Reader rd(response_bytes.data(), response_bytes.size());
+      if (rd.U8() != 1) throw InjectedFault("rank 0 could not decide (see its error)");
+      while (!rd.done()) {
+        Response resp;
+        resp.name = rd.Str();
+        resp.seq = static_cast<uint64_t>(rd.I64());
+        resp.status.kind = static_cast<ErrorKind>(rd.U8());
+        resp.status.message = rd.Str();
+        resp.sig = rd.Sig();
+        responses.push_back(std::move(resp));
+      }
+    } catch (const std::exception& e) {
+      fault = e.what();
+    }
+  }
+  int ok = fault.empty() ? 1 : 0;
+  comm_.AllreduceInt(&ok, MPI_MIN);  // the commit
+  if (!fault.empty()) ReportFault("rank " + std::to_string(comm_.rank()) + ": " + fault);
+  if (!ok) return false;
+
   bool cache_changed = false;
-  while (!rd.done()) {
-    Response resp;
-    resp.name = rd.Str();
-    resp.status.kind = static_cast<ErrorKind>(rd.U8());
-    resp.status.message = rd.Str();
-    resp.sig = rd.Sig();
+  for (Response& resp : responses) {
     auto it = sent_.find(resp.name);
-    if (it == sent_.end()) continue;  // cannot happen: a response needs every rank's request
-    RequestPtr req = std::move(it->second);
+    if (it == sent_.end() || it->second->seq != resp.seq) continue;  // needs every rank's request
+    Request* req = it->second;
     sent_.erase(it);
     timeline_.NegotiateEnd(resp.name);
     if (!resp.status.ok()) {
-      out->failed.emplace_back(std::move(req), resp.status);
+      out->failed.emplace_back(req, resp.status);
       continue;
     }
     if (cache_.capacity()) {
@@ -177,9 +252,10 @@ void Controller::CoordinatorRound(CycleOutcome* out) {
       cache_changed = true;
     }
     timeline_.Begin(resp.name, "QUEUE");
-    out->work.push_back({std::move(req)});
+    out->work.push_back(req);
   }
   if (cache_changed) PublishLayout();
+  return true;
 }
 
 void Controller::InsertIntoCache(const Response& resp) {
@@ -199,16 +275,127 @@ void Controller::InsertIntoCache(const Response& resp) {
   eviction_warned_ = true;
 }
 
-void Controller::HandleStall(bool shutdown, CycleOutcome* out) {
+void Controller::Shutdown(bool forced, bool requested_here, CycleOutcome* out) {
+  std::string message = "jaxcache: the runtime was shut down (shutdown() was called on every rank)";
+  if (forced) {
+    // Everyone learns which ranks never asked, so the message can say so.
+    std::vector<int> requested(comm_.size(), 0);
+    int mine = requested_here ? 1 : 0;
+    comm_.AllgatherInt(mine, requested.data());
+    std::vector<int> missing;
+    for (int r = 0; r < comm_.size(); ++r)
+      if (!requested[r]) missing.push_back(r);
+    message = "jaxcache: the runtime was shut down: " +
+              (missing.empty() ? std::string("a rank stopped waiting for the others")
+                               : RankList(missing) + " never called shutdown() within "
+                                                     "JAXCACHE_SHUTDOWN_TIMEOUT") +
+              "; collectives can no longer complete";
+  }
+  out->shutdown = true;
+  out->shutdown_status = Status::Error(ErrorKind::kShutdown, message);
+  FailAll(out->shutdown_status, out);
+}
+
+void Controller::CancelRound(CancelCause cause) {
+  ++stats_.cancellations;
+  std::string mine;
+  {
+    std::lock_guard<std::mutex> lock(fault_mu_);
+    mine.swap(fault_);
+  }
+  Writer w;
+  w.Str(mine);
+  auto pending = table_.Pending();
+  w.U32(static_cast<uint32_t>(pending.size()));
+  for (const auto& [name, seq] : pending) {
+    w.Str(name);
+    w.I64(static_cast<int64_t>(seq));
+  }
+  auto gathered = comm_.GatherBytes(w.buffer());
+
+  std::vector<char> decision;
+  if (comm_.rank() == 0) {
+    std::map<std::string, uint64_t> upto;
+    std::vector<std::vector<std::string>> names_by_rank(comm_.size());
+    std::string faults;
+    for (int r = 0; r < comm_.size(); ++r) {
+      Reader rd(gathered[r].data(), gathered[r].size());
+      std::string fault = rd.Str();
+      if (!fault.empty()) faults += (faults.empty() ? "" : "; ") + fault;
+      uint32_t n = rd.U32();
+      for (uint32_t i = 0; i < n; ++i) {
+        std::string name = rd.Str();
+        uint64_t seq = static_cast<uint64_t>(rd.I64());
+        auto [it, fresh] = upto.emplace(name, seq);
+        if (!fresh) it->second = std::max(it->second, seq);
+        names_by_rank[r].push_back(std::move(name));
+      }
+    }
+    Status why;
+    if (cause == CancelCause::kStall) {
+      why = Status::Error(ErrorKind::kStall,
+                          StallInspector::Report(names_by_rank, config_.stall_shutdown_s, true));
+      std::fprintf(stderr, "%s\n", why.message.c_str());
+    } else {
+      why = Status::Error(ErrorKind::kInternal,
+                          "jaxcache: a failure inside the runtime (" + faults +
+                              ") cancelled every pending collective on every rank; the runtime "
+                              "keeps working");
+    }
+    Writer dw;
+    dw.U8(static_cast<uint8_t>(why.kind));
+    dw.Str(why.message);
+    dw.U32(static_cast<uint32_t>(upto.size()));
+    for (const auto& [name, seq] : upto) {
+      dw.Str(name);
+      dw.I64(static_cast<int64_t>(seq));
+    }
+    decision = std::move(dw.buffer());
+  }
+  comm_.BroadcastBytes(&decision);
+
+  Reader rd(decision.data(), decision.size());
+  Status why;
+  why.kind = static_cast<ErrorKind>(rd.U8());
+  why.message = rd.Str();
+  std::map<std::string, uint64_t> upto;
+  uint32_t n = rd.U32();
+  for (uint32_t i = 0; i < n; ++i) {
+    std::string name = rd.Str();
+    upto[name] = static_cast<uint64_t>(rd.I64());
+  }
+  if (cause == CancelCause::kStall) {
+    ++stats_.stall_warnings;
+    stall_.Reported(Clock::now());
+  }
+  // Caches, rank 0's table and every reference to a pending request start
+  // over on every rank at this same point of the protocol.
+  Reset();
+  table_.Cancel(upto, why);
+}
+
+void Controller::Reset() {
+  for (auto& [bit, r] : cached_) timeline_.NegotiateEnd(r->name);
+  for (auto* r : unsent_) timeline_.NegotiateEnd(r->name);
+  for (auto& [name, r] : sent_) timeline_.NegotiateEnd(name);
+  cached_.clear();
+  unsent_.clear();
+  sent_.clear();
+  invalid_.clear();
+  cache_.Clear();
+  messages_.Clear();
+  PublishLayout();
+}
+
+void Controller::StallReport() {
   Writer w;
   std::vector<std::string> mine;
   for (const auto& [bit, r] : cached_) mine.push_back(r->name);
-  for (const auto& r : unsent_) mine.push_back(r->name);
+  for (const auto* r : unsent_) mine.push_back(r->name);
   for (const auto& [name, r] : sent_) mine.push_back(name);
   w.U32(static_cast<uint32_t>(mine.size()));
   for (const auto& n : mine) w.Str(n);
   auto gathered = comm_.GatherBytes(w.buffer());
-  std::vector<char> report;
   if (comm_.rank() == 0) {
     std::vector<std::vector<std::string>> by_rank(comm_.size());
     for (int r = 0; r < comm_.size(); ++r) {
@@ -216,23 +403,17 @@ void Controller::HandleStall(bool shutdown, CycleOutcome* out) {
       uint32_t n = rd.U32();
       for (uint32_t i = 0; i < n; ++i) by_rank[r].push_back(rd.Str());
     }
-    double threshold = shutdown ? config_.stall_shutdown_s : config_.stall_check_s;
-    std::string text = StallInspector::Report(by_rank, threshold, shutdown);
+    std::string text = StallInspector::Report(by_rank, config_.stall_check_s, false);
     std::fprintf(stderr, "%s\n", text.c_str());
-    report.assign(text.begin(), text.end());
   }
   ++stats_.stall_warnings;
   stall_.Reported(Clock::now());
-  if (!shutdown) return;
-  comm_.BroadcastBytes(&report);
-  FailAll(Status::Error(ErrorKind::kStall, std::string(report.begin(), report.end())), out);
-  table_.Clear();
 }
 
 void Controller::FailAll(const Status& status, CycleOutcome* out) {
-  for (auto& [bit, r] : cached_) out->failed.emplace_back(std::move(r), status);
-  for (auto& r : unsent_) out->failed.emplace_back(std::move(r), status);
-  for (auto& [name, r] : sent_) out->failed.emplace_back(std::move(r), status);
+  for (auto& [bit, r] : cached_) out->failed.emplace_back(r, status);
+  for (auto* r : unsent_) out->failed.emplace_back(r, status);
+  for (auto& [name, r] : sent_) out->failed.emplace_back(r, status);
   cached_.clear();
   unsent_.clear();
   sent_.clear();

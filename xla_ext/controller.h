@@ -1,13 +1,17 @@
 // One negotiation cycle (see docs/control_plane.md):
-//   1. every rank sets the bits of its ready cached requests and three
-//      inverted status flags; ONE bitwise-AND allreduce gives the common hits
-//      and the OR of the flags;
-//   2. only if someone saw an invalid entry, an OR allreduce spreads the
+//   1. every rank sets the bits of its ready cached requests and the status
+//      flags; ONE bitwise-AND allreduce gives the common hits and the flags;
+//   2. shutdown when every rank asked for it (or one gave up waiting);
+//   3. a cancel round when some rank saw a fault or a stall passed the
+//      shutdown bound: every rank fails the same pending submissions;
+//   4. only if someone saw an invalid entry, an OR allreduce spreads the
 //      invalid bits and every rank erases them;
-//   3. only if someone has uncached requests, a coordinator round: gather to
-//      rank 0, which matches names and broadcasts responses; every rank
-//      inserts them into its cache in list order.
-// The controller runs on the background thread only.
+//   5. only if someone has uncached requests, a coordinator round: gather to
+//      rank 0, which matches names and broadcasts responses; after every rank
+//      has decoded them (a one-word commit allreduce), every rank inserts them
+//      into its cache in list order.
+// The controller runs on the background thread only. It refers to requests
+// owned by the RequestTable and never completes them itself.
 #pragma once
 
 #include <functional>
@@ -19,66 +23,87 @@
 
 #include "comm.h"
 #include "config.h"
+#include "fault_injection.h"
 #include "message_table.h"
 #include "request.h"
+#include "request_table.h"
 #include "response_cache.h"
 #include "stall_inspector.h"
 #include "timeline.h"
 
 namespace jaxcache {
 
-// A decided request. Its own signature is the agreed one (a cache hit matched
-// it exactly; a coordinator response means every rank's was equal).
-struct Work {
-  RequestPtr request;
-  bool queued = true;  // still waiting for its turn (timeline QUEUE phase)
-  const Signature& sig() const { return request->sig; }
+struct CycleOutcome {
+  std::vector<Request*> work;  // decided: execute in this order, on every rank
+  std::vector<std::pair<Request*, Status>> failed;
+  bool shutdown = false;
+  Status shutdown_status;
+  bool progress = false;  // something was decided this cycle
 };
 
-struct CycleOutcome {
-  std::vector<Work> work;  // execute in this order, on every rank
-  std::vector<std::pair<RequestPtr, Status>> failed;
-  bool shutdown = false;
-  bool progress = false;  // something was decided this cycle
+// What this rank wants from the cycle besides its requests.
+struct CycleIntent {
+  bool shutdown_requested = false;  // shutdown() was called here
+  bool shutdown_forced = false;     // ... and gave up waiting for the other ranks
 };
 
 class Controller {
  public:
-  Controller(Comm& comm, const Config& config, Stats& stats, Timeline& timeline);
+  Controller(Comm& comm, const Config& config, Stats& stats, Timeline& timeline,
+             RequestTable& table, FaultInjector& faults);
 
-  void Add(RequestPtr req);
-  CycleOutcome RunCycle(bool want_shutdown, const std::function<void()>& between_polls);
+  void Add(Request* req);
+  CycleOutcome RunCycle(const CycleIntent& intent, const std::function<void()>& between_polls);
   bool HasPending() const { return !cached_.empty() || !unsent_.empty() || !sent_.empty(); }
+  // A fault seen outside the cycle (data movement, completion): the next
+  // cycle cancels every pending collective on every rank.
+  void ReportFault(const std::string& what);
   std::unordered_map<std::string, uint32_t> CacheLayout() const;
-  // Fails every pending request (shutdown, stall, fatal error).
+  // Every request this controller refers to (shutdown).
   void FailAll(const Status& status, CycleOutcome* out);
 
  private:
-  enum Flag { kShutdown = 0, kUncached, kInvalid, kStallReport, kStallShutdown, kNumFlags };
+  // Every flag but kShutdownRequested is stored inverted, so that the AND
+  // yields "some rank has it"; kShutdownRequested's AND is "every rank has it".
+  enum Flag {
+    kShutdownRequested = 0, kShutdownForced, kUncached, kInvalid, kStallReport, kStallShutdown,
+    kFault, kNumFlags
+  };
+  enum class CancelCause { kFault, kStall };
 
   void MoveToUncached(uint32_t bit);
-  void CoordinatorRound(CycleOutcome* out);
+  // False when some rank failed to complete the round (the commit said so).
+  bool CoordinatorRound(CycleOutcome* out);
+  // Rank 0: matches the gathered requests; returns the response message.
+  std::vector<char> MatchRequests(const std::vector<std::vector<char>>& gathered);
   void InsertIntoCache(const Response& resp);
-  void HandleStall(bool shutdown, CycleOutcome* out);
+  void Shutdown(bool forced, bool requested_here, CycleOutcome* out);
+  void CancelRound(CancelCause cause);
+  void StallReport();
+  void Reset();
   Clock::time_point OldestPending() const;
-  // Stall flags need the oldest pending request; scanning all of them every
-  // cycle would make a cycle cost O(pending), so the scan runs a few times a second.
-  Clock::time_point last_stall_scan_{};
   void PublishLayout();
 
   Comm& comm_;
   const Config& config_;
   Stats& stats_;
   Timeline& timeline_;
+  RequestTable& table_;
+  FaultInjector& faults_;
   ResponseCache cache_;
-  MessageTable table_;  // used on rank 0 only
+  MessageTable messages_;  // used on rank 0 only
   StallInspector stall_;
   bool eviction_warned_ = false;
+  // Stall flags need the oldest pending request; scanning all of them every
+  // cycle would make a cycle cost O(pending), so the scan runs a few times a second.
+  Clock::time_point last_stall_scan_{};
 
-  std::map<uint32_t, RequestPtr> cached_;               // ready, cached: bit -> request
-  std::vector<RequestPtr> unsent_;                      // uncached, not yet sent to rank 0
-  std::unordered_map<std::string, RequestPtr> sent_;    // sent, awaiting a response
-  std::vector<uint32_t> invalid_;                       // bits seen with another signature
+  std::map<uint32_t, Request*> cached_;             // ready, cached: bit -> request
+  std::vector<Request*> unsent_;                    // uncached, not yet sent to rank 0
+  std::unordered_map<std::string, Request*> sent_;  // sent, awaiting a response
+  std::vector<uint32_t> invalid_;                   // bits seen with another signature
+  std::mutex fault_mu_;
+  std::string fault_;  // this rank's fault since the last cancel round
 
   mutable std::mutex layout_mu_;
   std::unordered_map<std::string, uint32_t> layout_;

@@ -1,8 +1,11 @@
 #include "ffi_handlers.h"
 
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "runtime.h"
 
@@ -10,7 +13,11 @@ namespace ffi = xla::ffi;
 
 namespace jaxcache {
 
+ffi::TypeId CallSite::id = {};
+
 namespace {
+
+XLA_FFI_TypeInfo call_site_type_info = ffi::MakeTypeInfo<CallSite>();
 
 std::optional<DType> FromXla(ffi::DataType t) {
   switch (t) {
@@ -33,13 +40,6 @@ std::optional<DType> FromXla(ffi::DataType t) {
   }
 }
 
-ffi::Future Failed(ffi::ErrorCode code, std::string message) {
-  ffi::Promise promise;
-  ffi::Future future(promise);
-  promise.SetError(ffi::Error(code, std::move(message)));
-  return future;
-}
-
 // Prefix that lets Python map the XLA error back to an exception class.
 const char* ErrorPrefix(ErrorKind kind) {
   switch (kind) {
@@ -51,20 +51,54 @@ const char* ErrorPrefix(ErrorKind kind) {
   }
 }
 
+ffi::Future Failed(ErrorKind kind, const std::string& message) {
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  promise.SetError(ffi::Error(ffi::ErrorCode::kFailedPrecondition, ErrorPrefix(kind) + message));
+  return future;
+}
+
+// Numbers the instances of each (program, name) in instantiation order.
+std::string InstanceName(std::string_view name, int64_t program) {
+  static std::mutex mu;
+  static std::map<std::pair<int64_t, std::string>, int> instances;
+  std::lock_guard<std::mutex> lock(mu);
+  int k = instances[{program, std::string(name)}]++;
+  return k == 0 ? std::string(name) : std::string(name) + "~" + std::to_string(k);
+}
+
+ffi::ErrorOr<std::unique_ptr<CallSite>> Instantiate(std::string_view name, int64_t program) {
+  auto site = std::make_unique<CallSite>();
+  site->name = InstanceName(name, program);
+  return site;
+}
+
+// What a program traced for one world size must not do on another.
+std::string CheckWorld(const std::string& name, int64_t traced_size, int size) {
+  if (traced_size == size) return "";
+  return "jaxcache: collective '" + name + "' was traced for " + std::to_string(traced_size) +
+         " ranks but the runtime now has " + std::to_string(size) +
+         " (jaxcache.init() was called with another communicator since); trace the function "
+         "again, e.g. after jax.clear_caches()";
+}
+
 // Builds the request from XLA's buffers and hands it to the runtime.
-ffi::Future Submit(Kind kind, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                   std::string_view name, ReduceOp op, double prescale, double postscale,
-                   int32_t root) {
+ffi::Future Submit(Kind kind, const CallSite& site, ffi::RemainingArgs args,
+                   ffi::RemainingRets rets, int64_t world_size, ReduceOp op, double prescale,
+                   double postscale, int32_t root) {
+  const std::string& name = site.name;
   auto runtime = Runtime::Current();
   if (!runtime || !runtime->running())
-    return Failed(ffi::ErrorCode::kFailedPrecondition,
-                  std::string(ErrorPrefix(ErrorKind::kShutdown)) +
-                      "jaxcache is not initialized (call jaxcache.init() first) or has been shut "
-                      "down; collective '" + std::string(name) + "' cannot run");
+    return Failed(ErrorKind::kShutdown,
+                  "jaxcache is not initialized (call jaxcache.init() first) or has been shut "
+                  "down; collective '" + name + "' cannot run");
+  const int size = runtime->comm().size();
+  std::string wrong_world = CheckWorld(name, world_size, size);
+  if (!wrong_world.empty()) return Failed(ErrorKind::kInvalidArgument, wrong_world);
   if (args.size() != rets.size())
-    return Failed(ffi::ErrorCode::kInvalidArgument, "jaxcache: operand/result count mismatch");
+    return Failed(ErrorKind::kInvalidArgument, "jaxcache: operand/result count mismatch in '" + name + "'");
   auto req = std::make_unique<Request>();
-  req->name = std::string(name);
+  req->name = name;
   req->sig.kind = kind;
   req->sig.op = op;
   req->sig.prescale = prescale;
@@ -74,69 +108,119 @@ ffi::Future Submit(Kind kind, ffi::RemainingArgs args, ffi::RemainingRets rets,
     auto in = args.get<ffi::AnyBuffer>(i);
     auto out = rets.get<ffi::AnyBuffer>(i);
     if (!in.has_value() || !out.has_value())
-      return Failed(ffi::ErrorCode::kInvalidArgument, "jaxcache: bad buffer");
+      return Failed(ErrorKind::kInvalidArgument, "jaxcache: bad buffer in '" + name + "'");
     auto dtype = FromXla(in->element_type());
     if (!dtype)
-      return Failed(ffi::ErrorCode::kInvalidArgument,
-                    "jaxcache: unsupported dtype in collective '" + req->name + "'");
+      return Failed(ErrorKind::kInvalidArgument, "jaxcache: unsupported dtype in collective '" + name + "'");
     TensorSpec spec;
     spec.dtype = *dtype;
     auto dims = in->dimensions();
     spec.shape.assign(dims.begin(), dims.end());
+    const std::size_t want = spec.NumBytes() * (kind == Kind::kAllgather ? size : 1);
+    if ((*out)->size_bytes() != want || (*out)->element_type() != in->element_type())
+      return Failed(ErrorKind::kInvalidArgument,
+                    "jaxcache: result " + std::to_string(i) + " of '" + name + "' has " +
+                        std::to_string((*out)->size_bytes()) + " bytes but the collective writes " +
+                        std::to_string(want));
     req->sig.tensors.push_back(std::move(spec));
     req->inputs.push_back(in->untyped_data());
     req->outputs.push_back((*out)->untyped_data());
   }
   ffi::Promise promise;
   ffi::Future future(promise);
-  req->done = [promise](const Status& st) mutable {
-    if (st.ok()) promise.SetAvailable();
-    else promise.SetError(ffi::Error(ffi::ErrorCode::kAborted, ErrorPrefix(st.kind) + st.message));
-  };
-  Status st = runtime->Submit(std::move(req));
-  if (!st.ok())
-    return Failed(ffi::ErrorCode::kAlreadyExists, ErrorPrefix(st.kind) + st.message);
+  req->done = Completion(
+      [promise](const Status& st) mutable {
+        if (st.ok()) promise.SetAvailable();
+        else promise.SetError(ffi::Error(ffi::ErrorCode::kAborted, ErrorPrefix(st.kind) + st.message));
+      },
+      /*cheap=*/false);
+  runtime->Submit(std::move(req));
   return future;
 }
 
-ffi::Future AllreduceImpl(ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view name,
-                          int64_t op, double prescale, double postscale) {
-  return Submit(Kind::kAllreduce, args, rets, name, static_cast<ReduceOp>(op), prescale,
-                postscale, 0);
+ffi::Future AllreduceImpl(CallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                          std::string_view, int64_t, int64_t world_size, int64_t op,
+                          double prescale, double postscale) {
+  return Submit(Kind::kAllreduce, *site, args, rets, world_size, static_cast<ReduceOp>(op),
+                prescale, postscale, 0);
 }
 
-ffi::Future BroadcastImpl(ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view name,
-                          int64_t root) {
-  return Submit(Kind::kBroadcast, args, rets, name, ReduceOp::kSum, 1.0, 1.0,
+ffi::Future BroadcastImpl(CallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                          std::string_view, int64_t, int64_t world_size, int64_t root) {
+  return Submit(Kind::kBroadcast, *site, args, rets, world_size, ReduceOp::kSum, 1.0, 1.0,
                 static_cast<int32_t>(root));
 }
 
-ffi::Future AllgatherImpl(ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view name) {
-  return Submit(Kind::kAllgather, args, rets, name, ReduceOp::kSum, 1.0, 1.0, 0);
+ffi::Future AllgatherImpl(CallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                          std::string_view, int64_t, int64_t world_size) {
+  return Submit(Kind::kAllgather, *site, args, rets, world_size, ReduceOp::kSum, 1.0, 1.0, 0);
+}
+
+ffi::ErrorOr<std::unique_ptr<CallSite>> InstantiateReduce(std::string_view name, int64_t program,
+                                                          int64_t, int64_t, double, double) {
+  return Instantiate(name, program);
+}
+ffi::ErrorOr<std::unique_ptr<CallSite>> InstantiateBroadcast(std::string_view name,
+                                                             int64_t program, int64_t, int64_t) {
+  return Instantiate(name, program);
+}
+ffi::ErrorOr<std::unique_ptr<CallSite>> InstantiateGather(std::string_view name, int64_t program,
+                                                          int64_t) {
+  return Instantiate(name, program);
+}
+
+ffi::Error RankImpl(ffi::Result<ffi::Buffer<ffi::S32>> out) {
+  auto runtime = Runtime::Current();
+  if (!runtime || !runtime->running())
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      "jaxcache.ShutdownError: jaxcache is not initialized (call jaxcache.init())");
+  *out->typed_data() = runtime->comm().rank();
+  return ffi::Error::Success();
 }
 
 }  // namespace
 
+void* CallSiteTypeId() { return &CallSite::id; }
+void* CallSiteTypeInfo() { return &call_site_type_info; }
+
+// Every attribute is bound at both stages (XLA checks the count).
+#define JAXCACHE_COMMON_ATTRS \
+  .Attr<std::string_view>("name").Attr<int64_t>("program").Attr<int64_t>("world_size")
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AllreduceInstantiate, InstantiateReduce,
+                              ffi::Ffi::BindInstantiate() JAXCACHE_COMMON_ATTRS
+                                  .Attr<int64_t>("op")
+                                  .Attr<double>("prescale")
+                                  .Attr<double>("postscale"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AllreduceHandler, AllreduceImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::State<CallSite>>()
                                   .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<std::string_view>("name")
+                                  .RemainingRets() JAXCACHE_COMMON_ATTRS
                                   .Attr<int64_t>("op")
                                   .Attr<double>("prescale")
                                   .Attr<double>("postscale"));
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BroadcastInstantiate, InstantiateBroadcast,
+                              ffi::Ffi::BindInstantiate() JAXCACHE_COMMON_ATTRS
+                                  .Attr<int64_t>("root"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BroadcastHandler, BroadcastImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::State<CallSite>>()
                                   .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<std::string_view>("name")
+                                  .RemainingRets() JAXCACHE_COMMON_ATTRS
                                   .Attr<int64_t>("root"));
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherInstantiate, InstantiateGather,
+                              ffi::Ffi::BindInstantiate() JAXCACHE_COMMON_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherHandler, AllgatherImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::State<CallSite>>()
                                   .RemainingArgs()
-                                  .RemainingRets()
-                                  .Attr<std::string_view>("name"));
+                                  .RemainingRets() JAXCACHE_COMMON_ATTRS);
 
+}  // namespace jaxcache
+
+namespace jaxcache {
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RankHandler, RankImpl, ffi::Ffi::Bind().Ret<ffi::Buffer<ffi::S32>>());
 }  // namespace jaxcache

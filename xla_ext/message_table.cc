@@ -73,27 +73,19 @@ Status MessageTable::Check(const std::string& name, const std::vector<Signature>
   return Status::Ok();
 }
 
-std::optional<Response> MessageTable::Add(int rank, const std::string& name, const Signature& sig) {
-  Entry& e = entries_[name];
+std::optional<Response> MessageTable::Add(int rank, const std::string& name, uint64_t seq,
+                                          const Signature& sig) {
+  const auto key = std::make_pair(name, seq);
+  Entry& e = entries_[key];
   if (e.by_rank.empty()) e.by_rank.resize(size_);
   if (!e.by_rank[rank]) ++e.count;
   e.by_rank[rank] = sig;
   if (e.count < size_) return std::nullopt;
   std::vector<Signature> sigs;
   for (auto& s : e.by_rank) sigs.push_back(std::move(*s));
-  entries_.erase(name);
-  Response resp{name, Check(name, sigs, size_), sigs[0]};
+  entries_.erase(key);
+  Response resp{name, seq, Check(name, sigs, size_), sigs[0]};
   return resp;
-}
-
-std::map<std::string, std::vector<int>> MessageTable::Waiting() const {
-  std::map<std::string, std::vector<int>> out;
-  for (const auto& [name, e] : entries_) {
-    auto& ranks = out[name];
-    for (int r = 0; r < size_; ++r)
-      if (e.by_rank[r]) ranks.push_back(r);
-  }
-  return out;
 }
 
 }  // namespace jaxcache

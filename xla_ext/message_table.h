@@ -1,5 +1,6 @@
-// Rank 0's view of uncached requests: which ranks have submitted each name,
-// with what signature. A name is decided once every rank has submitted it:
+// Rank 0's view of uncached requests: which ranks have submitted each
+// (name, submission number), with what signature. A submission is decided
+// once every rank has submitted it:
 // an OK response when all signatures agree, else an error naming the field,
 // the values and the ranks.
 #pragma once
@@ -18,9 +19,8 @@ class MessageTable {
   explicit MessageTable(int size) : size_(size) {}
   // Records rank `rank`'s request; returns a decided response when `name`
   // is now complete.
-  std::optional<Response> Add(int rank, const std::string& name, const Signature& sig);
-  // Names still waiting, with the ranks that have submitted them.
-  std::map<std::string, std::vector<int>> Waiting() const;
+  std::optional<Response> Add(int rank, const std::string& name, uint64_t seq,
+                              const Signature& sig);
   void Clear() { entries_.clear(); }
 
   // Consistency check of all ranks' signatures (exposed for tests/bridges).
@@ -32,7 +32,7 @@ class MessageTable {
     int count = 0;
   };
   int size_;
-  std::map<std::string, Entry> entries_;
+  std::map<std::pair<std::string, uint64_t>, Entry> entries_;
 };
 
 }  // namespace jaxcache

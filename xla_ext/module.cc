@@ -11,6 +11,8 @@
 #include <nanobind/stl/unordered_map.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -38,16 +40,45 @@ struct Handle {
     done = true;
     cv.notify_all();
   }
-  std::pair<int, std::string> Wait() {
+  bool WaitFor(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return done; });
-    return {static_cast<int>(status.kind), status.message};
+    return cv.wait_for(lock, timeout, [&] { return done; });
   }
   bool Poll() {
     std::lock_guard<std::mutex> lock(mu);
     return done;
   }
 };
+
+// Threads inside Handle.wait(): interpreter exit waits for them to leave (see
+// wait_for_waiters) -- a thread still in C++ when Python finalizes would be
+// ended inside a C++ frame, which aborts the process.
+std::atomic<int> waiters{0};
+unsigned long main_thread_ident = 0;
+
+// Waits without the GIL. The main thread waits in slices and runs Python's
+// signal handlers between them, so Ctrl-C raises KeyboardInterrupt within a
+// slice; other threads (which never receive signals) wait in one piece. An
+// interrupted request stays in flight: its caller keeps the buffers alive.
+std::pair<int, std::string> WaitInterruptibly(Handle& h) {
+  constexpr std::chrono::milliseconds kSlice{50};
+  const bool main_thread = PyThread_get_thread_ident() == main_thread_ident;
+  struct Count {
+    Count() { ++waiters; }
+    ~Count() { --waiters; }
+  } count;
+  for (;;) {
+    bool done;
+    {
+      nb::gil_scoped_release release;
+      done = h.WaitFor(main_thread ? kSlice : std::chrono::hours(24));
+    }
+    if (done) break;
+    if (main_thread && PyErr_CheckSignals() != 0) throw nb::python_error();
+  }
+  std::lock_guard<std::mutex> lock(h.mu);
+  return {static_cast<int>(h.status.kind), h.status.message};
+}
 
 DType FromDlpack(nb::dlpack::dtype t) {
   using C = nb::dlpack::dtype_code;
@@ -95,10 +126,17 @@ std::shared_ptr<Runtime> Running() {
   return rt;
 }
 
+std::shared_ptr<Handle> Track(RequestPtr req, std::shared_ptr<Runtime> rt) {
+  auto handle = std::make_shared<Handle>();
+  req->done = Completion([handle](const Status& st) { handle->Finish(st); }, /*cheap=*/true);
+  rt->Submit(std::move(req));
+  return handle;
+}
+
 std::shared_ptr<Handle> SubmitArrays(int kind, const std::string& name,
                                      std::vector<InArray> inputs, std::vector<OutArray> outputs,
                                      int op, double prescale, double postscale, int root,
-                                     std::vector<int> dtype_codes) {
+                                     std::vector<int> dtype_codes, bool refuse_if_in_flight) {
   if (inputs.size() != outputs.size())
     throw std::invalid_argument("jaxcache: inputs and outputs differ in number");
   auto rt = Running();
@@ -123,12 +161,8 @@ std::shared_ptr<Handle> SubmitArrays(int kind, const std::string& name,
     req->inputs.push_back(inputs[i].data());
     req->outputs.push_back(outputs[i].data());
   }
-  auto handle = std::make_shared<Handle>();
-  req->done = [handle](const Status& st) { handle->Finish(st); };
-  req->cheap_done = true;  // only notifies a condition variable
-  Status st = rt->Submit(std::move(req));
-  if (!st.ok()) handle->Finish(st);
-  return handle;
+  req->refuse_if_in_flight = refuse_if_in_flight;
+  return Track(std::move(req), std::move(rt));
 }
 
 Config ConfigFromDict(const nb::dict& d) {
@@ -146,6 +180,8 @@ Config ConfigFromDict(const nb::dict& d) {
   if (auto v = get("heartbeat_ms")) c.heartbeat_ms = nb::cast<double>(v);
   if (auto v = get("timeline_path")) c.timeline_path = nb::cast<std::string>(v);
   if (auto v = get("timeline_mark_cycles")) c.timeline_mark_cycles = nb::cast<bool>(v);
+  if (auto v = get("max_mpi_count")) c.max_mpi_count = nb::cast<int64_t>(v);
+  if (auto v = get("fault_inject")) c.fault_inject = nb::cast<std::string>(v);
   return c;
 }
 
@@ -161,13 +197,29 @@ NB_MODULE(_jaxcache_ext, m) {
   // Handles held by module globals (or in flight at exit) outlive nanobind's
   // shutdown check; that is expected, not a reference-counting bug.
   nb::set_leak_warnings(false);
+  main_thread_ident = nb::cast<unsigned long>(
+      nb::module_::import_("threading").attr("main_thread")().attr("ident"));
+  m.def("waiters", [] { return waiters.load(); });
 
   m.def("ffi_api_version", [] { return std::make_pair(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR); });
   m.def("registrations", [] {
+    auto stages = [](auto* instantiate, auto* execute) {
+      nb::dict d;
+      d["instantiate"] = Capsule(instantiate);
+      d["execute"] = Capsule(execute);
+      return d;
+    };
     nb::dict d;
-    d["jaxcache_allreduce"] = Capsule(AllreduceHandler);
-    d["jaxcache_broadcast"] = Capsule(BroadcastHandler);
-    d["jaxcache_allgather"] = Capsule(AllgatherHandler);
+    d["jaxcache_allreduce"] = stages(AllreduceInstantiate, AllreduceHandler);
+    d["jaxcache_broadcast"] = stages(BroadcastInstantiate, BroadcastHandler);
+    d["jaxcache_allgather"] = stages(AllgatherInstantiate, AllgatherHandler);
+    d["jaxcache_rank"] = Capsule(RankHandler);
+    return d;
+  });
+  m.def("call_site_type", [] {
+    nb::dict d;
+    d["type_id"] = nb::capsule(CallSiteTypeId());
+    d["type_info"] = nb::capsule(CallSiteTypeInfo());
     return d;
   });
 
@@ -184,7 +236,7 @@ NB_MODULE(_jaxcache_ext, m) {
       "shutdown",
       [](double timeout_s) {
         nb::gil_scoped_release release;
-        Runtime::Stop(timeout_s);
+        return Runtime::Stop(timeout_s);
       },
       nb::arg("timeout_s") = 30.0);
   m.def("running", [] {
@@ -198,18 +250,23 @@ NB_MODULE(_jaxcache_ext, m) {
   m.def("stats", [] { return Running()->stats().Snapshot(); });
   m.def("reset_stats", [] { Running()->stats().Reset(); });
   m.def("cache_layout", [] { return Running()->CacheLayout(); });
-  m.def("set_max_mpi_count", &SetMaxMpiCount);
-  m.def("max_mpi_count", &MaxMpiCount);
+  m.def("max_mpi_count", [] { return Running()->comm().max_count(); });
+  m.def(
+      "barrier",
+      [](const std::string& name) {
+        auto rt = Running();
+        auto req = std::make_unique<Request>();
+        req->name = name;
+        req->sig.kind = Kind::kBarrier;
+        return Track(std::move(req), std::move(rt));
+      },
+      nb::arg("name"));
 
   // The address the runtime would read: lets tests prove DLPack hand-over is zero-copy.
   m.def("data_pointer", [](InArray a) { return reinterpret_cast<uintptr_t>(a.data()); });
 
   nb::class_<Handle>(m, "Handle")
-      .def("wait",
-           [](Handle& h) {
-             nb::gil_scoped_release release;
-             return h.Wait();
-           })
+      .def("wait", &WaitInterruptibly)
       .def("poll", &Handle::Poll);
   // noconvert: an array that would need converting (non-contiguous, wrong device)
   // is refused instead of being silently copied -- results written into a
@@ -217,5 +274,5 @@ NB_MODULE(_jaxcache_ext, m) {
   m.def("submit", &SubmitArrays, nb::arg("kind"), nb::arg("name"), nb::arg("inputs").noconvert(),
         nb::arg("outputs").noconvert(), nb::arg("op") = 0, nb::arg("prescale") = 1.0,
         nb::arg("postscale") = 1.0, nb::arg("root") = 0,
-        nb::arg("dtype_codes") = std::vector<int>());
+        nb::arg("dtype_codes") = std::vector<int>(), nb::arg("refuse_if_in_flight") = false);
 }

@@ -22,62 +22,96 @@ void CopyScaled(const void* in, void* out, int64_t count, DType dtype, double fa
 }
 }  // namespace
 
-void Operations::Dequeue(Work& w) {
-  if (!timeline_.enabled() || !w.queued) return;
-  timeline_.End(w.request->name, "QUEUE");
-  w.queued = false;
+void Operations::Dequeue(Task& t) {
+  if (!timeline_.enabled() || !t.queued) return;
+  timeline_.End(t.request->name, "QUEUE");
+  t.queued = false;
 }
 
-void Operations::PhaseAll(std::vector<Work>& work, const std::vector<Item>& items,
+void Operations::PhaseAll(std::vector<Task>& tasks, const std::vector<Item>& items,
                           const char* phase, bool begin) {
   if (!timeline_.enabled()) return;
   std::size_t last = SIZE_MAX;
   for (const Item& it : items) {
-    if (it.work == last) continue;
-    last = it.work;
-    const std::string& name = work[it.work].request->name;
+    if (it.task == last) continue;
+    last = it.task;
+    const std::string& name = tasks[it.task].request->name;
     begin ? timeline_.Begin(name, phase) : timeline_.End(name, phase);
   }
 }
 
-void Operations::Execute(std::vector<Work>& work, const Complete& complete) {
-  std::vector<int> remaining(work.size(), 0);
-  std::vector<std::size_t> allreduces, others;
-  for (std::size_t i = 0; i < work.size(); ++i)
-    (work[i].sig().kind == Kind::kAllreduce ? allreduces : others).push_back(i);
-  if (!allreduces.empty()) Allreduce(work, allreduces, &remaining, complete);
-  // (Completed work has handed its request on: only `others` are touched below.)
-  for (std::size_t i : others) {
-    Work& w = work[i];
-    Status st;
-    Dequeue(w);
-    try {
-      w.sig().kind == Kind::kBroadcast ? Broadcast(w) : Allgather(w);
-    } catch (const std::exception& e) {
-      st = Status::Error(ErrorKind::kInternal, e.what());
-    }
-    ++stats_.responses_executed;
-    complete(std::move(w.request), st);
+template <typename Fn>
+void Operations::Step(std::vector<Task>& tasks, const std::vector<std::size_t>& touched, Fn&& fn) {
+  std::string failure;
+  try {
+    fn();
+    for (std::size_t i : touched)
+      if (faults_.Fire(FaultPoint::kData, tasks[i].request->name))
+        throw std::runtime_error("MPI call failed (injected fault)");
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  if (failure.empty()) return;
+  for (std::size_t i : touched) {
+    Task& t = tasks[i];
+    std::string what = "jaxcache: data movement of '" + t.request->name + "' failed on rank " +
+                       std::to_string(comm_.rank()) + ": " + failure;
+    if (first_failure_.empty()) first_failure_ = what;
+    if (t.status.ok()) t.status = Status::Error(ErrorKind::kInternal, what);
   }
 }
 
-void Operations::Allreduce(std::vector<Work>& work, const std::vector<std::size_t>& which,
-                           std::vector<int>* remaining, const Complete& complete) {
+void Operations::Done(Task& t) {
+  if (--t.remaining > 0) return;
+  Dequeue(t);
+  ++stats_.responses_executed;
+  (*complete_)(t.request, t.status);
+}
+
+std::string Operations::Execute(const std::vector<Request*>& work, const Complete& complete) {
+  complete_ = &complete;
+  first_failure_.clear();
+  std::vector<Task> tasks;
+  tasks.reserve(work.size());
+  for (Request* r : work) tasks.push_back({r});
+  std::vector<std::size_t> allreduces, others;
+  for (std::size_t i = 0; i < tasks.size(); ++i)
+    (tasks[i].request->sig.kind == Kind::kAllreduce ? allreduces : others).push_back(i);
+  if (!allreduces.empty()) Allreduce(tasks, allreduces);
+  for (std::size_t i : others) {
+    Task& t = tasks[i];
+    const Signature& sig = t.request->sig;
+    Dequeue(t);
+    if (sig.kind != Kind::kBarrier) {  // a barrier's negotiation was the synchronization
+      const bool bcast = sig.kind == Kind::kBroadcast;
+      timeline_.Begin(t.request->name, bcast ? "MPI_BCAST" : "MPI_ALLGATHER");
+      for (std::size_t k = 0; k < sig.tensors.size(); ++k)
+        Step(tasks, {i}, [&] { bcast ? BroadcastTensor(t, k) : AllgatherTensor(t, k); });
+      timeline_.End(t.request->name, bcast ? "MPI_BCAST" : "MPI_ALLGATHER");
+    }
+    t.remaining = 1;
+    Done(t);
+  }
+  complete_ = nullptr;
+  return first_failure_;
+}
+
+void Operations::Allreduce(std::vector<Task>& tasks, const std::vector<std::size_t>& which) {
   // Plan: small tensors go to fusion buckets keyed by (dtype, op, scales) in
   // order of first appearance; large ones are reduced directly from the
   // input into the output, which costs no copy at all.
   std::vector<FusionKey> key_order;
   std::map<FusionKey, std::vector<Item>> buckets;
   std::vector<Item> direct;
-  for (std::size_t wi : which) {
-    const Signature& sig = work[wi].sig();
+  for (std::size_t ti : which) {
+    const Signature& sig = tasks[ti].request->sig;
     for (std::size_t t = 0; t < sig.tensors.size(); ++t) {
       const TensorSpec& spec = sig.tensors[t];
-      Item item{wi, t, spec.NumElements(), spec.NumBytes()};
+      Item item{ti, t, spec.NumElements(), spec.NumBytes()};
       if (item.count == 0) continue;
-      ++(*remaining)[wi];
       stats_.bytes_reduced += item.bytes;
       if (static_cast<int64_t>(item.bytes) >= config_.direct_threshold) {
+        ++tasks[ti].remaining;
         direct.push_back(item);
         continue;
       }
@@ -87,147 +121,126 @@ void Operations::Allreduce(std::vector<Work>& work, const std::vector<std::size_
       bucket.push_back(item);
     }
   }
-  auto finish_item = [&](std::size_t wi) {
-    if (--(*remaining)[wi] == 0 && work[wi].request) {
-      ++stats_.responses_executed;
-      complete(std::move(work[wi].request), Status::Ok());
-    }
-  };
-  // Zero-size responses are complete already.
-  for (std::size_t wi : which)
-    if ((*remaining)[wi] == 0) {
-      Dequeue(work[wi]);
-      ++stats_.responses_executed;
-      complete(std::move(work[wi].request), Status::Ok());
-    }
-
+  // Split each bucket into chunks of at most fusion_threshold bytes (and,
+  // without group fusion, never across requests); count each task's chunks.
+  std::vector<std::vector<Item>> chunks;
   for (const FusionKey& key : key_order) {
     const auto& items = buckets[key];
-    // Split into chunks of at most fusion_threshold bytes (and, without group
-    // fusion, never across responses).
     std::size_t begin = 0;
     while (begin < items.size()) {
       std::size_t end = begin, bytes = 0;
       while (end < items.size() &&
              (end == begin || (bytes + items[end].bytes <= static_cast<std::size_t>(config_.fusion_threshold) &&
-                               (config_.group_fusion || items[end].work == items[begin].work)))) {
+                               (config_.group_fusion || items[end].task == items[begin].task)))) {
         bytes += items[end].bytes;
         ++end;
       }
-      std::vector<Item> chunk(items.begin() + begin, items.begin() + end);
-      try {
-        FusedAllreduce(work, chunk);
-      } catch (const std::exception& e) {
-        for (const Item& it : chunk)
-          if (work[it.work].request) complete(std::move(work[it.work].request),
-                                              Status::Error(ErrorKind::kInternal, e.what()));
-        begin = end;
-        continue;
+      chunks.emplace_back(items.begin() + begin, items.begin() + end);
+      std::size_t last = SIZE_MAX;
+      for (const Item& it : chunks.back()) {
+        if (it.task != last) ++tasks[it.task].remaining;
+        last = it.task;
       }
-      for (const Item& it : chunk) finish_item(it.work);
       begin = end;
     }
   }
-  for (const Item& item : direct) {
-    Work& w = work[item.work];
-    if (!w.request) continue;  // failed earlier
-    try {
-      DirectAllreduce(w, item);
-    } catch (const std::exception& e) {
-      complete(std::move(w.request), Status::Error(ErrorKind::kInternal, e.what()));
-      continue;
+  // Zero-size requests are complete already.
+  for (std::size_t ti : which)
+    if (tasks[ti].remaining == 0) {
+      tasks[ti].remaining = 1;
+      Done(tasks[ti]);
     }
-    finish_item(item.work);
+  for (const auto& chunk : chunks) {
+    std::vector<std::size_t> touched;
+    for (const Item& it : chunk)
+      if (touched.empty() || touched.back() != it.task) touched.push_back(it.task);
+    Step(tasks, touched, [&] { FusedAllreduce(tasks, chunk); });
+    for (std::size_t ti : touched) Done(tasks[ti]);
+  }
+  for (const Item& item : direct) {
+    Step(tasks, {item.task}, [&] { DirectAllreduce(tasks[item.task], item); });
+    Done(tasks[item.task]);
   }
 }
 
-void Operations::FusedAllreduce(std::vector<Work>& work, const std::vector<Item>& items) {
-  const Signature& sig0 = work[items[0].work].sig();
+void Operations::FusedAllreduce(std::vector<Task>& tasks, const std::vector<Item>& items) {
+  if (items.size() == 1) {  // nothing to fuse: reduce in place, no copies
+    DirectAllreduce(tasks[items[0].task], items[0]);
+    return;
+  }
+  const Signature& sig0 = tasks[items[0].task].request->sig;
   DType dtype = sig0.tensors[items[0].tensor].dtype;
   std::size_t total = 0;
   for (const Item& it : items) total += it.bytes;
-  if (items.size() == 1) {  // nothing to fuse: reduce in place, no copies
-    DirectAllreduce(work[items[0].work], items[0]);
-    return;
-  }
-  for (const Item& it : items) Dequeue(work[it.work]);
+  for (const Item& it : items) Dequeue(tasks[it.task]);
   if (fusion_buffer_.size() < total) fusion_buffer_.resize(total);
   char* buf = fusion_buffer_.data();
-  PhaseAll(work, items, "MEMCPY_IN_FUSION_BUFFER", true);
+  PhaseAll(tasks, items, "MEMCPY_IN_FUSION_BUFFER", true);
   std::size_t off = 0;
   for (const Item& it : items) {
-    const Request& r = *work[it.work].request;
+    const Request& r = *tasks[it.task].request;
     CopyScaled(r.inputs[it.tensor], buf + off, it.count, dtype, sig0.prescale);
     off += it.bytes;
   }
-  PhaseAll(work, items, "MEMCPY_IN_FUSION_BUFFER", false);
-  PhaseAll(work, items, "MPI_ALLREDUCE", true);
-  comm_.AllreduceData(buf, buf, static_cast<int64_t>(total / ElementSize(dtype)), dtype, sig0.op);
+  PhaseAll(tasks, items, "MEMCPY_IN_FUSION_BUFFER", false);
+  PhaseAll(tasks, items, "MPI_ALLREDUCE", true);
   ++stats_.mpi_calls;
-  PhaseAll(work, items, "MPI_ALLREDUCE", false);
-  PhaseAll(work, items, "MEMCPY_OUT_FUSION_BUFFER", true);
+  comm_.AllreduceData(buf, buf, static_cast<int64_t>(total / ElementSize(dtype)), dtype, sig0.op);
+  PhaseAll(tasks, items, "MPI_ALLREDUCE", false);
+  PhaseAll(tasks, items, "MEMCPY_OUT_FUSION_BUFFER", true);
   off = 0;
   for (const Item& it : items) {
-    Request& r = *work[it.work].request;
+    Request& r = *tasks[it.task].request;
     CopyScaled(buf + off, r.outputs[it.tensor], it.count, dtype, sig0.postscale);
     off += it.bytes;
   }
-  PhaseAll(work, items, "MEMCPY_OUT_FUSION_BUFFER", false);
-  // Responses sharing the buffer with another response count as fused.
-  std::size_t first = items[0].work;
+  PhaseAll(tasks, items, "MEMCPY_OUT_FUSION_BUFFER", false);
+  // Requests sharing the buffer with another request count as fused.
+  std::size_t first = items[0].task;
   bool shared = false;
-  for (const Item& it : items) shared |= it.work != first;
+  for (const Item& it : items) shared |= it.task != first;
   if (shared) {
     std::size_t last = SIZE_MAX;
     for (const Item& it : items) {
-      if (it.work != last) ++stats_.fused_responses;
-      last = it.work;
+      if (it.task != last) ++stats_.fused_responses;
+      last = it.task;
     }
   }
 }
 
-void Operations::DirectAllreduce(Work& w, const Item& item) {
-  Request& r = *w.request;
-  const Signature& sig = w.sig();
+void Operations::DirectAllreduce(Task& task, const Item& item) {
+  Request& r = *task.request;
+  const Signature& sig = r.sig;
   DType dtype = sig.tensors[item.tensor].dtype;
   void* out = r.outputs[item.tensor];
-  Dequeue(w);
+  Dequeue(task);
   timeline_.Begin(r.name, "MPI_ALLREDUCE");
   // In-place MPI is markedly faster than separate buffers (MPICH copies the
   // send buffer itself), and the copy into the output absorbs the prescale.
   CopyScaled(r.inputs[item.tensor], out, item.count, dtype, sig.prescale);
-  comm_.AllreduceData(out, out, item.count, dtype, sig.op);
   ++stats_.mpi_calls;
+  comm_.AllreduceData(out, out, item.count, dtype, sig.op);
   if (sig.postscale != 1.0) Scale(out, out, item.count, dtype, sig.postscale);
   timeline_.End(r.name, "MPI_ALLREDUCE");
 }
 
-void Operations::Broadcast(Work& w) {
-  Request& r = *w.request;
-  const Signature& sig = w.sig();
-  timeline_.Begin(r.name, "MPI_BCAST");
-  for (std::size_t t = 0; t < sig.tensors.size(); ++t) {
-    std::size_t bytes = sig.tensors[t].NumBytes();
-    if (bytes == 0) continue;
-    if (comm_.rank() == sig.root && r.inputs[t] != r.outputs[t])
-      std::memcpy(r.outputs[t], r.inputs[t], bytes);
-    comm_.BroadcastData(r.outputs[t], static_cast<int64_t>(bytes), sig.root);
-    ++stats_.mpi_calls;
-  }
-  timeline_.End(r.name, "MPI_BCAST");
+void Operations::BroadcastTensor(Task& task, std::size_t t) {
+  Request& r = *task.request;
+  const Signature& sig = r.sig;
+  std::size_t bytes = sig.tensors[t].NumBytes();
+  if (bytes == 0) return;
+  if (comm_.rank() == sig.root && r.inputs[t] != r.outputs[t])
+    std::memcpy(r.outputs[t], r.inputs[t], bytes);
+  ++stats_.mpi_calls;
+  comm_.BroadcastData(r.outputs[t], static_cast<int64_t>(bytes), sig.root);
 }
 
-void Operations::Allgather(Work& w) {
-  Request& r = *w.request;
-  const Signature& sig = w.sig();
-  timeline_.Begin(r.name, "MPI_ALLGATHER");
-  for (std::size_t t = 0; t < sig.tensors.size(); ++t) {
-    std::size_t bytes = sig.tensors[t].NumBytes();
-    if (bytes == 0) continue;
-    comm_.AllgatherData(r.inputs[t], r.outputs[t], static_cast<int64_t>(bytes));
-    ++stats_.mpi_calls;
-  }
-  timeline_.End(r.name, "MPI_ALLGATHER");
+void Operations::AllgatherTensor(Task& task, std::size_t t) {
+  Request& r = *task.request;
+  std::size_t bytes = r.sig.tensors[t].NumBytes();
+  if (bytes == 0) return;
+  ++stats_.mpi_calls;
+  comm_.AllgatherData(r.inputs[t], r.outputs[t], static_cast<int64_t>(bytes));
 }
 
 }  // namespace jaxcache

@@ -41,6 +41,12 @@ void ResponseCache::Erase(uint32_t bit) {
   slots_[bit].reset();
 }
 
+void ResponseCache::Clear() {
+  for (auto& slot : slots_) slot.reset();
+  by_name_.clear();
+  lru_.clear();
+}
+
 void ResponseCache::Touch(uint32_t bit) {
   if (!Occupied(bit)) return;
   lru_.splice(lru_.begin(), lru_, slots_[bit]->lru_pos);

@@ -31,6 +31,8 @@ class ResponseCache {
   uint32_t Insert(const std::string& name, const Signature& sig,
                   std::optional<std::string>* evicted);
   void Erase(uint32_t bit);
+  // Forgets every entry (every rank at the same point of the protocol).
+  void Clear();
   void Touch(uint32_t bit);
   bool Occupied(uint32_t bit) const { return bit < capacity_ && slots_[bit].has_value(); }
   const std::string& NameAt(uint32_t bit) const { return slots_[bit]->name; }

@@ -19,48 +19,49 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from .. import runtime
+from .._ext import ensure_registered
 from . import eager, naming, validation
 
 allreduce_p = Primitive("jaxcache_allreduce")
 allreduce_p.multiple_results = True
 
 
-def _abstract_eval(*avals, name, op, prescale=1.0, postscale=1.0):
+def _abstract_eval(*avals, **params):
     return [jax.core.ShapedArray(a.shape, a.dtype) for a in avals]
 
 
-def _lowering(ctx, *args, name, op, prescale=1.0, postscale=1.0):
+def _lowering(ctx, *args, name, auto_name, op, prescale, postscale, world_size):
     # No operand/result aliasing: XLA would have to copy every operand it cannot
     # donate (jit inputs) and scaling would then need a pass of its own. Measured on
     # the ResNet-50 set (benchmarks/gradients.py): the separate-buffer form wins.
+    ensure_registered()
     rule = jax.ffi.ffi_lowering("jaxcache_allreduce")
-    return rule(ctx, *args, name=name, op=np.int64(validation.REDUCE_OPS[op]),
-                prescale=np.float64(prescale), postscale=np.float64(postscale))
+    return rule(ctx, *args, **naming.lowered(ctx, name, auto_name), world_size=np.int64(world_size),
+                op=np.int64(validation.REDUCE_OPS[op]), prescale=np.float64(prescale),
+                postscale=np.float64(postscale))
 
 
-def _impl(*args, name, op, prescale=1.0, postscale=1.0):
-    return eager.run(eager.KIND_ALLREDUCE, name, args, [a.shape for a in args],
+def _impl(*args, name, auto_name, op, prescale, postscale, world_size):
+    return eager.run(eager.KIND_ALLREDUCE, name, args, [a.shape for a in args], world_size,
                      op=validation.REDUCE_OPS[op], prescale=prescale, postscale=postscale)
 
 
-def _jvp(primals, tangents, *, name, op, prescale=1.0, postscale=1.0):
-    if op != "sum":
+def _jvp(primals, tangents, **params):
+    if params["op"] != "sum":
         raise NotImplementedError(
-            f"jaxcache: cannot differentiate allreduce op={op!r} ('{name}'); only 'sum' and "
-            "'average' are differentiable"
+            f"jaxcache: cannot differentiate allreduce op={params['op']!r} ('{params['name']}'); "
+            "only 'sum' and 'average' are differentiable"
         )
-    out = allreduce_p.bind(*primals, name=name, op=op, prescale=prescale, postscale=postscale)
+    out = allreduce_p.bind(*primals, **params)
     tangents = [ad.instantiate_zeros(t) for t in tangents]
-    out_t = allreduce_p.bind(*tangents, name=naming.derived(name, "jvp"), op=op,
-                             prescale=prescale, postscale=postscale)
+    out_t = allreduce_p.bind(*tangents, **dict(params, name=naming.derived(params["name"], "jvp")))
     return out, out_t
 
 
-def _transpose(cts, *args, name, op, prescale=1.0, postscale=1.0):
+def _transpose(cts, *args, **params):
     # y = post * sum_r(pre * x_r) is linear and self-adjoint across ranks.
     cts = [ad.instantiate_zeros(c) for c in cts]
-    return allreduce_p.bind(*cts, name=naming.derived(name, "T"), op=op,
-                            prescale=prescale, postscale=postscale)
+    return allreduce_p.bind(*cts, **dict(params, name=naming.derived(params["name"], "T")))
 
 
 def _batch(args, dims, **params):
@@ -70,23 +71,35 @@ def _batch(args, dims, **params):
 
 allreduce_p.def_impl(_impl)
 allreduce_p.def_abstract_eval(_abstract_eval)
-mlir.register_lowering(allreduce_p, _lowering, platform="cpu")
+# Not cacheable: each equation is lowered on its own, so each gets its own name.
+mlir.register_lowering(allreduce_p, _lowering, platform="cpu", cacheable=False)
 ad.primitive_jvps[allreduce_p] = _jvp
 ad.primitive_transposes[allreduce_p] = _transpose
 batching.primitive_batchers[allreduce_p] = _batch
 
 
-def reduce_values(values: list, op: str, name: str, prescale: float, postscale: float) -> list:
+def sum_values(values: list, name: str, auto_name: bool = False, world_size: int | None = None) -> list:
+    """An allreduce-sum of traced or concrete values (for other collectives' transposes)."""
+    size = runtime.size() if world_size is None else world_size
+    return list(allreduce_p.bind(*values, name=name, auto_name=auto_name, op="sum", prescale=1.0,
+                                 postscale=1.0, world_size=size))
+
+
+def reduce_values(values: list, op: str, name: str, prescale: float, postscale: float,
+                  auto_name: bool = False) -> list:
     """Reduces already-validated arrays as ONE request; returns the reduced arrays."""
+    size = runtime.size()
     if op == "average":
         # Dividing before the sum is free (it rides on the copy into the result)
         # and keeps half-precision sums away from overflow.
-        prescale = prescale / runtime.size()
+        prescale = prescale / size
         op = "sum"
+    params = dict(name=name, auto_name=auto_name, op=op, prescale=prescale, postscale=postscale,
+                  world_size=size)
     if not any(isinstance(v, jax.core.Tracer) for v in values):
         # Eager: straight to the runtime, skipping JAX's primitive dispatch.
-        return _impl(*values, name=name, op=op, prescale=prescale, postscale=postscale)
-    return list(allreduce_p.bind(*values, name=name, op=op, prescale=prescale, postscale=postscale))
+        return _impl(*values, **params)
+    return list(allreduce_p.bind(*values, **params))
 
 
 def allreduce(x, op: str = "average", *, name: str | None = None, prescale: float = 1.0,
@@ -102,5 +115,5 @@ def allreduce(x, op: str = "average", *, name: str | None = None, prescale: floa
     validation.check_name(name, "allreduce")
     x = validation.as_array(x, "allreduce", "x")
     validation.check_reduction(x.dtype, op, prescale, postscale, "allreduce", "x")
-    name = naming.collective_name("allreduce", name, x)
-    return reduce_values([x], op, name, float(prescale), float(postscale))[0]
+    name, auto = naming.collective_name("allreduce", name)
+    return reduce_values([x], op, name, float(prescale), float(postscale), auto)[0]

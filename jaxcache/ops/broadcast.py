@@ -10,50 +10,55 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from .. import runtime
+from .._ext import ensure_registered
 from . import eager, naming, validation
-from .allreduce import allreduce_p
+from .allreduce import sum_values
+from .rank import traced_rank
 
 broadcast_p = Primitive("jaxcache_broadcast")
 broadcast_p.multiple_results = True
 
 
-def _abstract_eval(*avals, name, root):
+def _abstract_eval(*avals, **params):
     return [jax.core.ShapedArray(a.shape, a.dtype) for a in avals]
 
 
-def _lowering(ctx, *args, name, root):
+def _lowering(ctx, *args, name, auto_name, root, world_size):
+    ensure_registered()
     rule = jax.ffi.ffi_lowering(
         "jaxcache_broadcast", operand_output_aliases={i: i for i in range(len(args))}
     )
-    return rule(ctx, *args, name=name, root=np.int64(root))
+    return rule(ctx, *args, **naming.lowered(ctx, name, auto_name), world_size=np.int64(world_size),
+                root=np.int64(root))
 
 
-def _impl(*args, name, root):
-    return eager.run(eager.KIND_BROADCAST, name, args, [a.shape for a in args], root=root)
+def _impl(*args, name, auto_name, root, world_size):
+    return eager.run(eager.KIND_BROADCAST, name, args, [a.shape for a in args], world_size,
+                     root=root)
 
 
-def _jvp(primals, tangents, *, name, root):
-    out = broadcast_p.bind(*primals, name=name, root=root)
+def _jvp(primals, tangents, **params):
+    out = broadcast_p.bind(*primals, **params)
     tangents = [ad.instantiate_zeros(t) for t in tangents]
-    return out, broadcast_p.bind(*tangents, name=naming.derived(name, "jvp"), root=root)
+    return out, broadcast_p.bind(*tangents, **dict(params, name=naming.derived(params["name"], "jvp")))
 
 
-def _transpose(cts, *args, name, root):
+def _transpose(cts, *args, name, auto_name, root, world_size):
     # Every rank's cotangent flows back to root's input: a sum at root, zero elsewhere.
+    # The rank is read at run time, so every rank runs the same program.
     cts = [ad.instantiate_zeros(c) for c in cts]
-    summed = allreduce_p.bind(*cts, name=naming.derived(name, "T"), op="sum")
-    if runtime.rank() == root:
-        return summed
-    return [jnp.zeros_like(s) for s in summed]
+    summed = sum_values(cts, naming.derived(name, "T"), auto_name, world_size)
+    at_root = traced_rank() == root
+    return [jnp.where(at_root, s, jnp.zeros_like(s)) for s in summed]
 
 
-def _batch(args, dims, *, name, root):
-    return broadcast_p.bind(*args, name=name, root=root), list(dims)
+def _batch(args, dims, **params):
+    return broadcast_p.bind(*args, **params), list(dims)
 
 
 broadcast_p.def_impl(_impl)
 broadcast_p.def_abstract_eval(_abstract_eval)
-mlir.register_lowering(broadcast_p, _lowering, platform="cpu")
+mlir.register_lowering(broadcast_p, _lowering, platform="cpu", cacheable=False)
 ad.primitive_jvps[broadcast_p] = _jvp
 ad.primitive_transposes[broadcast_p] = _transpose
 batching.primitive_batchers[broadcast_p] = _batch
@@ -63,15 +68,17 @@ def broadcast(tree, root: int = 0, *, name: str | None = None):
     """Returns root's `tree` on every rank (arrays or a pytree of arrays; None leaves pass)."""
     runtime.require_initialized("jaxcache.broadcast")
     validation.check_name(name, "broadcast")
-    root = validation.check_root(root, runtime.size(), "broadcast")
+    size = runtime.size()
+    root = validation.check_root(root, size, "broadcast")
     leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
     if not leaves:
         return tree
     values = [validation.as_array(v, "broadcast", f"leaf {jax.tree_util.keystr(p) or 'x'}")
               for p, v in leaves]
-    name = naming.collective_name("broadcast", name, values[0])
+    name, auto = naming.collective_name("broadcast", name)
+    params = dict(name=name, auto_name=auto, root=root, world_size=size)
     if any(isinstance(v, jax.core.Tracer) for v in values):
-        out = broadcast_p.bind(*values, name=name, root=root)
+        out = broadcast_p.bind(*values, **params)
     else:
-        out = eager.run(eager.KIND_BROADCAST, name, values, [v.shape for v in values], root=root)
+        out = _impl(*values, **params)
     return jax.tree_util.tree_unflatten(treedef, out)

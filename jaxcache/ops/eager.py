@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -10,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from .._ext import ext
-from ..errors import raise_for_status
+from ..errors import CollectiveError, raise_for_status
 
 KIND_ALLREDUCE, KIND_BROADCAST, KIND_ALLGATHER = 0, 1, 2
 
@@ -23,21 +24,53 @@ DTYPE_CODES = {
     )
 }
 
+# Requests whose wait was interrupted (Ctrl-C): the runtime still reads and writes their
+# buffers, so they are kept alive here until the request completes.
+_abandoned: list = []
+_abandoned_lock = threading.Lock()
+
 
 def _bits(x: np.ndarray) -> np.ndarray:
     """Same bytes in a dtype every DLPack consumer knows (bfloat16 -> uint16)."""
     return x.view(np.uint16) if x.dtype == jnp.bfloat16 else x
 
 
+def keep_until_done(handle, keepalive) -> None:
+    """Keeps `keepalive` (the request's buffers) referenced until `handle` completes."""
+    with _abandoned_lock:
+        _abandoned[:] = [(h, k) for h, k in _abandoned if not h.poll()]
+        _abandoned.append((handle, keepalive))
+
+
+def wait(handle, keepalive) -> tuple[int, str]:
+    """Waits for `handle`; Ctrl-C interrupts the wait, and `keepalive` outlives the request."""
+    try:
+        return handle.wait()
+    except BaseException:
+        keep_until_done(handle, keepalive)
+        raise
+
+
 def run(kind: int, name: str, inputs: Sequence[jax.Array], out_shapes: Sequence[tuple],
-        op: int = 0, prescale: float = 1.0, postscale: float = 1.0, root: int = 0) -> list[jax.Array]:
-    """Submits one named request, waits for it, and returns new jax arrays."""
+        world_size: int, op: int = 0, prescale: float = 1.0, postscale: float = 1.0,
+        root: int = 0) -> list[jax.Array]:
+    """Submits one named request, waits for it, and returns new jax arrays.
+
+    `world_size` is the size the request was prepared for (output shapes, the 1/size of
+    "average"); a request prepared before init() on another communicator is refused.
+    """
+    size = ext.size()
+    if world_size != size:
+        raise CollectiveError(
+            f"jaxcache: collective '{name}' was prepared for {world_size} ranks but the runtime "
+            f"now has {size}; trace the function again, e.g. after jax.clear_caches()"
+        )
     # np.asarray of a CPU jax array is a read-only view of its buffer: no copy.
     ins = [np.ascontiguousarray(np.asarray(x)) for x in inputs]
     outs = [np.empty(shape, x.dtype) for shape, x in zip(out_shapes, ins)]
     codes = [DTYPE_CODES[x.dtype] for x in ins]
     handle = ext.submit(kind, name, [_bits(x) for x in ins], [_bits(o) for o in outs],
                         op, float(prescale), float(postscale), root, codes)
-    status, message = handle.wait()
+    status, message = wait(handle, (ins, outs))
     raise_for_status(status, message)
     return [jnp.asarray(o) for o in outs]

@@ -37,11 +37,11 @@ def grouped_allreduce(tree, op: str = "average", *, name: str | None = None,
     sizes = [v.size * v.dtype.itemsize for v in values]
     plan = grouping.plan(paths, sizes, num_groups=num_groups, group_bytes=group_bytes,
                          groups=groups, default_bytes=_config.from_env().fusion_threshold)
-    base = naming.collective_name("grouped_allreduce", name, values[0])
+    base, auto = naming.collective_name("grouped_allreduce", name)
     out = [None] * len(values)
     for g, members in enumerate(plan):
         reduced = reduce_values([values[i] for i in members], op, f"{base}/{g}of{len(plan)}",
-                                float(prescale), float(postscale))
+                                float(prescale), float(postscale), auto)
         for i, r in zip(members, reduced):
             out[i] = r
     return jax.tree_util.tree_unflatten(treedef, out)

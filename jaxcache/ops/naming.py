@@ -1,21 +1,40 @@
 """Deterministic collective names.
 
-Names are the keys that match collectives across ranks, so automatic names are
-derived only from what every rank shares: the user's call site, the pytree
-path, and the order of calls within one trace -- never addresses or timing.
+Names are the keys that match collectives across ranks, so they are derived only from
+what every rank running the same code shares -- never from addresses or timing:
+
+1. At trace time, a collective is named by the user (`name=`) or automatically after its
+   call site: `allreduce@train.py:42:step`.
+2. At lowering time, the k-th instance of a name in one program becomes `name#k` (k >= 1),
+   in lowering order. This separates the copies that transformations make of one call
+   (vmap, remat, cond branches, scan unrolling, several calls of a helper), whatever the
+   trace they came from. Automatic names are also prefixed with the program's name
+   (`jit_step:allreduce@...`), so two programs never share cache entries.
+3. When JAX lowers a function once and calls it from several places (a jitted function
+   called twice inside another), XLA instantiates each call's custom call separately; the
+   runtime appends `~d` to the d-th instance (xla_ext/ffi_handlers.h).
+
+A program thus has unique, stable names from step to step (the cache hits), identical on
+every rank. Eager calls complete before they return, so one name per call site suffices.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import sys
 import weakref
 
-import jax
+from jax._src.lib.mlir import ir
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_per_trace: "weakref.WeakKeyDictionary[object, collections.Counter]" = weakref.WeakKeyDictionary()
+
+# Per lowered module: (process-local program number, program name, instances per name).
+_programs: "weakref.WeakKeyDictionary[ir.Module, tuple[int, str, collections.Counter]]" = (
+    weakref.WeakKeyDictionary()
+)
+_program_numbers = itertools.count(1)
 
 
 def call_site() -> str:
@@ -34,21 +53,32 @@ def call_site() -> str:
     return f"{filename}:{frame.f_lineno}:{code.co_name}"
 
 
-def collective_name(kind: str, name: str | None, sample) -> str:
-    """User name if given; else kind@call-site, plus #k under a trace (k-th call of the site)."""
+def collective_name(kind: str, name: str | None) -> tuple[str, bool]:
+    """(name, automatic): the user's name, else kind@call-site."""
     if name is not None:
-        return name
-    base = f"{kind}@{call_site()}"
-    if not isinstance(sample, jax.core.Tracer):
-        # Eager calls complete before they return, so one name per call site suffices
-        # (and stays in the response cache across loop iterations).
-        return base
-    counter = _per_trace.setdefault(sample._trace, collections.Counter())
-    index = counter[base]
-    counter[base] += 1
-    return f"{base}#{index}"
+        return name, False
+    return f"{kind}@{call_site()}", True
 
 
 def derived(name: str, suffix: str) -> str:
     """Name of a collective derived from another (autodiff tangents and transposes)."""
     return f"{name}/{suffix}"
+
+
+def _program(module: ir.Module) -> tuple[int, str, collections.Counter]:
+    entry = _programs.get(module)
+    if entry is None:
+        symbol = module.operation.attributes["sym_name"] if "sym_name" in module.operation.attributes else None
+        program_name = ir.StringAttr(symbol).value if symbol is not None else "program"
+        entry = _programs[module] = (next(_program_numbers), program_name, collections.Counter())
+    return entry
+
+
+def lowered(ctx, name: str, auto_name: bool) -> dict:
+    """The `name` and `program` attributes of one lowered instance (see the module doc)."""
+    number, program_name, counts = _program(ctx.module_context.module)
+    if auto_name:
+        name = f"{program_name}:{name}"
+    k = counts[name]
+    counts[name] += 1
+    return {"name": name if k == 0 else f"{name}#{k}", "program": number}

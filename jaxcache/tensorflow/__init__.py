@@ -21,12 +21,12 @@ from ..errors import (  # noqa: F401  (re-exported)
     ShutdownError,
     StallError,
 )
-from ..runtime import init, is_initialized, local_rank, local_size, rank, shutdown, size
+from ..runtime import barrier, init, is_initialized, local_rank, local_size, rank, shutdown, size
 from .ops import allgather, allreduce, broadcast, broadcast_variables, grouped_allreduce
 from .tape import DistributedGradientTape
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "barrier", "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "allreduce", "grouped_allreduce", "broadcast", "allgather", "broadcast_variables",
     "DistributedGradientTape",
     "JaxcacheError", "MismatchError", "StallError", "ShutdownError", "DuplicateNameError",

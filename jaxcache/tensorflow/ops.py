@@ -21,6 +21,7 @@ from .._ext import ext
 from ..errors import raise_for_status
 from ..ops import naming, validation
 from ..ops.eager import DTYPE_CODES as _NP_DTYPE_CODES
+from ..ops.eager import keep_until_done
 
 KIND_ALLREDUCE, KIND_BROADCAST, KIND_ALLGATHER = 0, 1, 2
 
@@ -73,6 +74,9 @@ def reduce_args(op: str, prescale: float, postscale: float) -> tuple[int, float,
 
 
 _per_graph: "weakref.WeakKeyDictionary[object, collections.Counter]" = weakref.WeakKeyDictionary()
+# Names this module made up: a repeated automatic name queues in the runtime, while a
+# repeated explicit name still in flight is refused (Horovod's semantics).
+_automatic: set[str] = set()
 _lock = threading.Lock()
 
 
@@ -86,12 +90,14 @@ def auto_name(kind: str, name: str | None, fn: str) -> str:
         return name
     base = f"tf.{kind}@{_call_site()}"
     if tf.executing_eagerly():
+        _automatic.add(base)
         return base  # eager calls complete before they return: one cached name per site
     graph = tf.compat.v1.get_default_graph()
     with _lock:
         counter = _per_graph.setdefault(graph, collections.Counter())
         k = counter[base]
         counter[base] += 1
+        _automatic.add(f"{base}#{k}")
     return f"{base}#{k}"
 
 
@@ -133,14 +139,20 @@ def submit_eager(kind: int, names: list[str], groups: list[list[tf.Tensor]], *, 
             codes.append(_NP_DTYPE_CODES[nd])
         try:
             handle = ext.submit(kind, name, ins, [_bits(o) for o in outs], op, float(prescale),
-                                float(postscale), int(root), codes)
+                                float(postscale), int(root), codes,
+                                refuse_if_in_flight=name not in _automatic)
         except BaseException as e:  # submit refused: still wait for what is already in flight
             error = e
             break
         pending.append((handle, ins, outs))
     results = []
-    for handle, ins, outs in pending:
-        status, message = handle.wait()
+    for i, (handle, ins, outs) in enumerate(pending):
+        try:
+            status, message = handle.wait()
+        except BaseException:  # Ctrl-C: the runtime still uses the buffers of what is in flight
+            for h, i_, o_ in pending[i:]:
+                keep_until_done(h, (i_, o_))
+            raise
         if status and error is None:
             try:
                 raise_for_status(status, message)

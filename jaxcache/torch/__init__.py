@@ -21,7 +21,7 @@ from ..errors import (  # noqa: F401  (re-exported: what synchronize() raises)
     ShutdownError,
     StallError,
 )
-from ..runtime import init, is_initialized, local_rank, local_size, rank, shutdown, size
+from ..runtime import barrier, init, is_initialized, local_rank, local_size, rank, shutdown, size
 from .functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .ops import (
     Handle,
@@ -44,7 +44,7 @@ from .ops import (
 from .optimizer import DistributedOptimizer
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "barrier", "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",

@@ -26,6 +26,7 @@ from ..ops import naming, validation
 from ..ops.eager import DTYPE_CODES as _NP_DTYPE_CODES
 
 KIND_ALLREDUCE, KIND_BROADCAST, KIND_ALLGATHER = 0, 1, 2
+_DUPLICATE = 4  # xla_ext/common.h ErrorKind::kDuplicate
 
 # Codes of xla_ext/common.h DType, by torch dtype.
 _DTYPE_CODES: dict[torch.dtype, int] = {}
@@ -258,7 +259,13 @@ def submit(kind: int, name: str, tensors: Sequence[torch.Tensor], *, inplace: bo
             inputs.append(inp)
             outputs.append(out)
             results.append(r)
-        native = ext.submit(kind, name, inputs, outputs, op, prescale, postscale, root, codes)
+        native = ext.submit(kind, name, inputs, outputs, op, prescale, postscale, root, codes,
+                            refuse_if_in_flight=not auto_name)
+        if not auto_name and native.poll():
+            # A refused duplicate completed at once: raise before anything else happens.
+            status, message = native.wait()
+            if status == _DUPLICATE:
+                raise_for_status(status, message)
     except BaseException:
         if auto_name:
             with _lock:

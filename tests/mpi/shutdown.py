@@ -1,5 +1,6 @@
 """Shutdown semantics. argv[1]:
-  one-rank  - rank 0 shuts down while the others wait: they fail with ShutdownError
+  one-rank  - rank 0 shuts down while the others wait for a collective it never submits:
+              after JAXCACHE_SHUTDOWN_TIMEOUT it stops anyway and they fail with ShutdownError
   exit      - every rank exits with async-dispatched collectives in flight
   kill      - the last rank SIGKILLs itself in the middle of a training loop
 """

@@ -1,0 +1,63 @@
+#include "completion_queue.h"
+
+namespace jaxcache {
+
+Completion& Completion::operator=(Completion&& o) noexcept {
+  if (this != &o) {
+    if (fn_) Run(Status::Error(ErrorKind::kInternal, "jaxcache: internal error: completion replaced"));
+    fn_ = std::move(o.fn_);
+    cheap_ = o.cheap_;
+    o.fn_ = nullptr;
+  }
+  return *this;
+}
+
+Completion::~Completion() {
+  if (fn_)
+    Run(Status::Error(ErrorKind::kInternal,
+                      "jaxcache: internal error: a collective was dropped before it completed"));
+}
+
+void Completion::Run(const Status& status) {
+  Fn fn = std::move(fn_);
+  fn_ = nullptr;
+  if (!fn) return;
+  try {
+    fn(status);
+  } catch (...) {
+    // A callback only signals a waiter; nothing sensible is left to do.
+  }
+}
+
+CompletionQueue::CompletionQueue() : thread_([this] { Loop(); }) {}
+
+CompletionQueue::~CompletionQueue() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_one();
+  thread_.join();
+}
+
+void CompletionQueue::Push(RequestPtr req, Status status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  items_.emplace_back(std::move(req), std::move(status));
+  cv_.notify_one();
+}
+
+void CompletionQueue::Loop() {
+  std::vector<std::pair<RequestPtr, Status>> batch;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !items_.empty(); });
+      if (items_.empty() && stop_) return;
+      batch.swap(items_);
+    }
+    for (auto& [req, status] : batch) req->done.Run(status);
+    batch.clear();
+  }
+}
+
+}  // namespace jaxcache

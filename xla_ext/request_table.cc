@@ -1,0 +1,160 @@
+#include "request_table.h"
+
+namespace jaxcache {
+
+RequestTable::~RequestTable() {
+  Close(Status::Error(ErrorKind::kShutdown, "jaxcache: the runtime was destroyed"));
+}
+
+void RequestTable::Finish(RequestPtr req, const Status& status) {
+  if (req->done.cheap()) {
+    req->done.Run(status);
+    return;
+  }
+  completions_.Push(std::move(req), status);
+}
+
+void RequestTable::Admit(RequestPtr req) {
+  Status refused;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) {
+      refused = closed_status_;
+    } else {
+      NameState& ns = names_[req->name];
+      if (req->refuse_if_in_flight && !ns.queue.empty()) {
+        refused = Status::Error(
+            ErrorKind::kDuplicate,
+            "jaxcache: a collective named '" + req->name +
+                "' is already in flight on this rank; an explicitly named request must complete "
+                "before the name is used again");
+      } else {
+        req->seq = ns.next_seq++;
+        if (req->seq < ns.cancelled_below) {
+          refused = Status::Error(cancel_status_.kind,
+                                  cancel_status_.message + " (submission " +
+                                      std::to_string(req->seq) + " of '" + req->name +
+                                      "' was cancelled on every rank)");
+        } else {
+          Request* raw = req.get();
+          ns.queue.push_back(std::move(req));
+          if (ns.queue.size() == 1) {
+            activated_.push_back(raw);
+            ++generation_;
+            cv_.notify_one();
+          }
+          return;
+        }
+      }
+    }
+  }
+  Finish(std::move(req), refused);
+}
+
+std::vector<Request*> RequestTable::TakeActive() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Request*> out;
+  out.swap(activated_);
+  return out;
+}
+
+bool RequestTable::WaitForWork(std::chrono::microseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return !activated_.empty() || woken_; });
+  woken_ = false;
+  return !activated_.empty();
+}
+
+bool RequestTable::WaitForNews(std::chrono::microseconds timeout, uint64_t* seen) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return generation_ != *seen || woken_; });
+  woken_ = false;
+  bool news = generation_ != *seen;
+  *seen = generation_;
+  return news;
+}
+
+uint64_t RequestTable::generation() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return generation_;
+}
+
+void RequestTable::Wake() {
+  std::lock_guard<std::mutex> lock(mu_);
+  woken_ = true;
+  cv_.notify_one();
+}
+
+void RequestTable::Complete(Request* req, const Status& status) {
+  RequestPtr owned;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = names_.find(req->name);
+    if (it == names_.end() || it->second.queue.empty() || it->second.queue.front().get() != req)
+      return;  // not active here (already completed or cancelled): nothing to do
+    owned = std::move(it->second.queue.front());
+    it->second.queue.pop_front();
+    if (!it->second.queue.empty()) activated_.push_back(it->second.queue.front().get());
+  }
+  Finish(std::move(owned), status);
+}
+
+std::vector<std::pair<std::string, uint64_t>> RequestTable::Pending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<std::string, uint64_t>> out;
+  for (const auto& [name, ns] : names_)
+    for (const auto& r : ns.queue) out.emplace_back(name, r->seq);
+  return out;
+}
+
+void RequestTable::Cancel(const std::map<std::string, uint64_t>& upto, const Status& why) {
+  std::vector<RequestPtr> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancel_status_ = why;
+    for (const auto& [name, last] : upto) {
+      NameState& ns = names_[name];
+      ns.cancelled_below = std::max(ns.cancelled_below, last + 1);
+      while (!ns.queue.empty() && ns.queue.front()->seq <= last) {
+        failed.push_back(std::move(ns.queue.front()));
+        ns.queue.pop_front();
+      }
+    }
+    activated_.clear();
+    for (auto& [name, ns] : names_)
+      if (!ns.queue.empty()) activated_.push_back(ns.queue.front().get());
+    ++generation_;
+  }
+  for (auto& r : failed) Finish(std::move(r), why);
+}
+
+void RequestTable::Close(const Status& why) {
+  std::vector<RequestPtr> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!closed_) {
+      closed_ = true;
+      closed_status_ = why;
+    }
+    for (auto& [name, ns] : names_)
+      for (auto& r : ns.queue) failed.push_back(std::move(r));
+    names_.clear();
+    activated_.clear();
+    woken_ = true;
+    cv_.notify_one();
+  }
+  for (auto& r : failed) Finish(std::move(r), why);
+}
+
+bool RequestTable::closed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_;
+}
+
+bool RequestTable::HasInFlight(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = names_.find(name);
+  return it != names_.end() && !it->second.queue.empty();
+}
+
+}  // namespace jaxcache

@@ -1,0 +1,84 @@
+// The one owner of every request of this rank, from submission until its
+// completion has run. Submitting threads admit requests; the background
+// thread takes those whose turn has come and completes them.
+//
+// One submission per name is active at a time: a name submitted again while
+// an earlier submission is in flight waits behind it. Every rank therefore
+// negotiates the k-th submission of a name together with the k-th submission
+// on the other ranks (its `seq`), never with another step's.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "completion_queue.h"
+#include "request.h"
+
+namespace jaxcache {
+
+class RequestTable {
+ public:
+  explicit RequestTable(CompletionQueue& completions) : completions_(completions) {}
+  ~RequestTable();
+
+  // Any thread. Takes ownership; a refused request (closed table, a refused
+  // duplicate, a cancelled submission number) completes at once with the reason.
+  void Admit(RequestPtr req);
+
+  // Background thread: the requests that became active since the last call.
+  std::vector<Request*> TakeActive();
+  // Waits until a request is active and not yet taken, Wake() is called, or
+  // `timeout` passes. Returns true when there is something to take.
+  bool WaitForWork(std::chrono::microseconds timeout);
+  // Waits until something new happens (an activation or Wake() after the
+  // generation `*seen`), or `timeout` passes; updates `*seen`. Unlike
+  // WaitForWork it does not return early for work already announced, so a
+  // loop that cannot take work yet sleeps instead of spinning.
+  bool WaitForNews(std::chrono::microseconds timeout, uint64_t* seen);
+  uint64_t generation() const;
+  void Wake();
+
+  // Background thread: completes an active request (exactly once) and
+  // activates the next submission of its name.
+  void Complete(Request* req, const Status& status);
+  // Every request of this rank, active or waiting, as (name, seq).
+  std::vector<std::pair<std::string, uint64_t>> Pending() const;
+  // Fails every request whose seq <= upto[name] and refuses later submissions
+  // of those numbers. Every other request is announced as active again: the
+  // caller must have dropped its references to active requests.
+  void Cancel(const std::map<std::string, uint64_t>& upto, const Status& why);
+  // Fails every request and refuses later submissions with `why`.
+  void Close(const Status& why);
+  bool closed() const;
+  bool HasInFlight(const std::string& name) const;
+
+ private:
+  struct NameState {
+    uint64_t next_seq = 0;
+    uint64_t cancelled_below = 0;  // submissions numbered below this were cancelled
+    std::deque<RequestPtr> queue;  // front: the active submission
+  };
+  // Runs or queues a request's completion outside the lock.
+  void Finish(RequestPtr req, const Status& status);
+
+  CompletionQueue& completions_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::unordered_map<std::string, NameState> names_;
+  std::vector<Request*> activated_;
+  uint64_t generation_ = 0;
+  bool woken_ = false;
+  bool closed_ = false;
+  Status closed_status_;
+  Status cancel_status_;
+};
+
+}  // namespace jaxcache
