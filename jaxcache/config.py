@@ -27,6 +27,7 @@ class Config:
     timeline_mark_cycles: bool = False
     max_mpi_count: int = 2**31 - 1
     shutdown_timeout_s: float = 30.0
+    inline_spin_us: float = 50.0
     fault_inject: str = ""
 
     def as_dict(self) -> dict:
@@ -47,6 +48,7 @@ VARIABLES = {
     "timeline_mark_cycles": "JAXCACHE_TIMELINE_MARK_CYCLES",
     "max_mpi_count": "JAXCACHE_MAX_MPI_COUNT",
     "shutdown_timeout_s": "JAXCACHE_SHUTDOWN_TIMEOUT",
+    "inline_spin_us": "JAXCACHE_INLINE_SPIN_US",
     "fault_inject": "JAXCACHE_FAULT_INJECT",
 }
 # Settings each rank keeps for itself: only rank 0 writes the timeline.
@@ -91,6 +93,7 @@ def from_env() -> Config:
         timeline_mark_cycles=_flag("JAXCACHE_TIMELINE_MARK_CYCLES"),
         max_mpi_count=_number("JAXCACHE_MAX_MPI_COUNT", d.max_mpi_count, int, 1),
         shutdown_timeout_s=_number("JAXCACHE_SHUTDOWN_TIMEOUT", d.shutdown_timeout_s, float),
+        inline_spin_us=_number("JAXCACHE_INLINE_SPIN_US", d.inline_spin_us, float),
         fault_inject=os.environ.get("JAXCACHE_FAULT_INJECT", "").strip(),
     )
 

@@ -43,24 +43,22 @@ Comm::~Comm() {
   if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
-void Comm::PolledAllreduce(uint64_t* words, int count, MPI_Op op,
-                           const std::function<void()>& between_polls) {
-  MPI_Request req;
-  Check(MPI_Iallreduce(MPI_IN_PLACE, words, count, MPI_UINT64_T, op, comm_, &req),
-        "MPI_Iallreduce");
+void Comm::PostCycle(void* buf, MPI_Datatype type, MPI_Op op) {
+  Check(MPI_Iallreduce(MPI_IN_PLACE, buf, 1, type, op, comm_, &cycle_), "MPI_Iallreduce");
+  cycle_posted_at_ = std::chrono::steady_clock::now();
+}
+
+bool Comm::TestCycle() {
   int done = 0;
-  auto start = std::chrono::steady_clock::now();
-  for (;;) {
-    Check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
-    if (done) return;
-    CheckAbandoned("the negotiation cycle");
-    between_polls();
-    if (abort_timeout_s_ > 0) {
-      double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      // Idle peers answer every heartbeat, so silence this long means a peer is gone.
-      if (waited > abort_timeout_s_) AbortUnanswered("the negotiation cycle", waited);
-    }
+  Check(MPI_Test(&cycle_, &done, MPI_STATUS_IGNORE), "MPI_Test");
+  if (done) return true;
+  CheckAbandoned("the negotiation cycle");
+  if (abort_timeout_s_ > 0) {
+    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - cycle_posted_at_).count();
+    // Idle peers answer every heartbeat, so silence this long means a peer is gone.
+    if (waited > abort_timeout_s_) AbortUnanswered("the negotiation cycle", waited);
   }
+  return false;
 }
 
 void Comm::CheckAbandoned(const char* what) const {

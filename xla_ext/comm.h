@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <stdexcept>
 #include <functional>
@@ -29,10 +30,13 @@ class Comm {
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
 
-  // Nonblocking allreduce polled with backoff, so a rank waiting for its
-  // peers sleeps instead of spinning: `between_polls` sleeps (or yields).
-  void PolledAllreduce(uint64_t* words, int count, MPI_Op op,
-                       const std::function<void()>& between_polls);
+  // The cycle's allreduce: posted by one thread, tested by whichever thread
+  // drives the runtime next (in place, one element of `type`).
+  void PostCycle(void* buf, MPI_Datatype type, MPI_Op op);
+  bool cycle_posted() const { return cycle_ != MPI_REQUEST_NULL; }
+  // True once every rank has joined the posted cycle. Watches the abort
+  // deadline and the abandon flag (AbandonedError).
+  bool TestCycle();
   void Allreduce(uint64_t* words, int count, MPI_Op op);
   void AllreduceInt(int* value, MPI_Op op);
   // out[r] = rank r's value.
@@ -65,6 +69,8 @@ class Comm {
   [[noreturn]] void AbortUnanswered(const char* what, double waited);
   void CheckAbandoned(const char* what) const;
   double abort_timeout_s_ = 0;
+  MPI_Request cycle_ = MPI_REQUEST_NULL;
+  std::chrono::steady_clock::time_point cycle_posted_at_{};
   int64_t max_count_;
   const std::atomic<bool>* abandon_ = nullptr;
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -17,6 +17,7 @@ std::map<std::string, double> Stats::Snapshot() const {
       {"mpi_calls", double(mpi_calls)},
       {"stall_warnings", double(stall_warnings)},
       {"cancellations", double(cancellations)},
+      {"in_cycle_reductions", double(in_cycle_reductions)},
       {"negotiation_seconds", negotiation_seconds.load()},
       {"execution_seconds", execution_seconds.load()},
   };
@@ -25,7 +26,7 @@ std::map<std::string, double> Stats::Snapshot() const {
 void Stats::Reset() {
   for (auto* c : {&cycles, &coordinator_rounds, &bitvector_syncs, &cache_hits, &cache_misses,
                   &cache_evictions, &cache_invalidations, &responses_executed, &fused_responses,
-                  &bytes_reduced, &mpi_calls, &stall_warnings, &cancellations})
+                  &bytes_reduced, &mpi_calls, &stall_warnings, &cancellations, &in_cycle_reductions})
     c->store(0);
   negotiation_seconds.store(0.0);
   execution_seconds.store(0.0);

@@ -21,6 +21,7 @@ struct Config {
   double stall_shutdown_s = 0.0;        // 0 = never
   double heartbeat_ms = 100.0;          // idle cycle period
   int64_t max_mpi_count = INT_MAX;      // largest element count of one MPI call
+  double inline_spin_us = 50.0;         // how long a submitter drives cycles itself
   std::string timeline_path;
   bool timeline_mark_cycles = false;
   std::string fault_inject;             // test-only, see fault_injection.h
@@ -29,7 +30,8 @@ struct Config {
 struct Stats {
   std::atomic<int64_t> cycles{0}, coordinator_rounds{0}, bitvector_syncs{0}, cache_hits{0},
       cache_misses{0}, cache_evictions{0}, cache_invalidations{0}, responses_executed{0},
-      fused_responses{0}, bytes_reduced{0}, mpi_calls{0}, stall_warnings{0}, cancellations{0};
+      fused_responses{0}, bytes_reduced{0}, mpi_calls{0}, stall_warnings{0}, cancellations{0},
+      in_cycle_reductions{0};
   std::atomic<double> negotiation_seconds{0.0}, execution_seconds{0.0};
 
   static void Add(std::atomic<double>& counter, double s) {

@@ -8,8 +8,8 @@ namespace jaxcache {
 
 namespace {
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-inline void SetBit(std::vector<uint64_t>& v, std::size_t b) { v[b / 64] |= 1ull << (b % 64); }
-inline bool GetBit(const std::vector<uint64_t>& v, std::size_t b) { return (v[b / 64] >> (b % 64)) & 1; }
+inline void SetBit(uint64_t* v, std::size_t b) { v[b / 64] |= 1ull << (b % 64); }
+inline bool GetBit(const uint64_t* v, std::size_t b) { return (v[b / 64] >> (b % 64)) & 1; }
 
 std::string RankList(const std::vector<int>& ranks) {
   std::ostringstream s;
@@ -71,75 +71,90 @@ Clock::time_point Controller::OldestPending() const {
   return oldest;
 }
 
-CycleOutcome Controller::RunCycle(const CycleIntent& intent,
-                                  const std::function<void()>& between_polls) {
-  CycleOutcome out;
-  auto t0 = Clock::now();
+bool Controller::HasFault() {
+  std::lock_guard<std::mutex> lock(fault_mu_);
+  return !fault_.empty();
+}
+
+void Controller::BeginCycle(const CycleIntent& intent) {
+  intent_ = intent;
+  cycle_start_ = Clock::now();
   ++stats_.cycles;
   timeline_.Cycle(stats_.cycles);
 
   const std::size_t cap = cache_.capacity();
-  const std::size_t nbits = cap + kNumFlags;
-  std::vector<uint64_t> bits((nbits + 63) / 64, 0);
-  for (const auto& [bit, req] : cached_) SetBit(bits, bit);
-  bool stall_report = false, stall_shutdown = false;
-  if (HasPending() && t0 - last_stall_scan_ > std::chrono::milliseconds(200)) {
-    last_stall_scan_ = t0;
-    auto oldest = OldestPending();
-    stall_report = stall_.WantsReport(oldest, t0);
-    stall_shutdown = stall_.WantsShutdown(oldest, t0);
+  bits_ = message_.Prepare((cap + kNumFlags + 63) / 64);
+  for (const auto& [bit, req] : cached_) {
+    SetBit(bits_, bit);
+    if (message_.HasSlot(bit)) message_.Put(bit, *req);
   }
-  bool has_fault;
-  {
-    std::lock_guard<std::mutex> lock(fault_mu_);
-    has_fault = !fault_.empty();
+  bool stall_report = false, stall_shutdown = false;
+  if (HasPending() && cycle_start_ - last_stall_scan_ > std::chrono::milliseconds(200)) {
+    last_stall_scan_ = cycle_start_;
+    auto oldest = OldestPending();
+    stall_report = stall_.WantsReport(oldest, cycle_start_);
+    stall_shutdown = stall_.WantsShutdown(oldest, cycle_start_);
   }
   const bool local[kNumFlags] = {intent.shutdown_requested, intent.shutdown_forced,
                                  !unsent_.empty(),          !invalid_.empty(),
                                  stall_report,              stall_shutdown,
-                                 has_fault};
+                                 HasFault()};
   for (int f = 0; f < kNumFlags; ++f)
-    if (local[f] == (f == kShutdownRequested)) SetBit(bits, cap + f);
-
-  comm_.PolledAllreduce(bits.data(), static_cast<int>(bits.size()), MPI_BAND, between_polls);
+    if (local[f] == (f == kShutdownRequested)) SetBit(bits_, cap + f);
+  comm_.PostCycle(message_.data(), message_.datatype(), CycleMessage::op());
   ++stats_.bitvector_syncs;
+}
+
+CycleOutcome Controller::FinishCycle() {
+  CycleOutcome out;
+  const std::size_t cap = cache_.capacity();
+  uint64_t* bits = bits_;
   auto any = [&](Flag f) { return !GetBit(bits, cap + f); };
 
   if (any(kShutdownForced) || GetBit(bits, cap + kShutdownRequested)) {
-    Shutdown(any(kShutdownForced), intent.shutdown_requested, &out);
-    stats_.AddNegotiation(Since(t0));
+    Shutdown(any(kShutdownForced), intent_.shutdown_requested, &out);
+    stats_.AddNegotiation(Since(cycle_start_));
     return out;
   }
   if (any(kFault) || any(kStallShutdown)) {
     CancelRound(any(kFault) ? CancelCause::kFault : CancelCause::kStall);
     out.progress = true;
-    stats_.AddNegotiation(Since(t0));
+    stats_.AddNegotiation(Since(cycle_start_));
     return out;
   }
 
   if (any(kInvalid)) {
     std::vector<uint64_t> inv((cap + 63) / 64, 0);
-    for (uint32_t b : invalid_) SetBit(inv, b);
+    for (uint32_t b : invalid_) SetBit(inv.data(), b);
     invalid_.clear();
     comm_.Allreduce(inv.data(), static_cast<int>(inv.size()), MPI_BOR);
     for (uint32_t b = 0; b < cap; ++b) {
-      if (!GetBit(inv, b)) continue;
+      if (!GetBit(inv.data(), b)) continue;
       bits[b / 64] &= ~(1ull << (b % 64));  // an invalidated entry is no hit
       MoveToUncached(b);
-      cache_.Erase(b);
+      EraseFromCache(b);
       ++stats_.cache_invalidations;
     }
     PublishLayout();
   }
 
-  // Common hits, ascending bit order: identical on every rank.
+  // Common hits, ascending bit order: identical on every rank. A hit with a
+  // slot was reduced inside the cycle's allreduce (every rank put its data in).
   for (auto it = cached_.begin(); it != cached_.end();) {
     if (!GetBit(bits, it->first)) { ++it; continue; }
+    const uint32_t bit = it->first;
     Request* req = it->second;
-    cache_.Touch(it->first);
+    cache_.Touch(bit);
     it = cached_.erase(it);
     ++stats_.cache_hits;
     timeline_.NegotiateEnd(req->name);
+    if (message_.HasSlot(bit)) {
+      message_.Take(bit, *req);
+      ++stats_.in_cycle_reductions;
+      stats_.bytes_reduced += req->sig.NumBytes();
+      out.done.push_back(req);
+      continue;
+    }
     timeline_.Begin(req->name, "QUEUE");
     out.work.push_back(req);
   }
@@ -147,17 +162,18 @@ CycleOutcome Controller::RunCycle(const CycleIntent& intent,
   if (any(kUncached) && !CoordinatorRound(&out)) {
     // Some rank could not complete the round: nothing decided in this cycle
     // may run anywhere. The cancel round fails it all, on every rank alike.
+    out.done.clear();
     out.work.clear();
     out.failed.clear();
     CancelRound(CancelCause::kFault);
     out.progress = true;
-    stats_.AddNegotiation(Since(t0));
+    stats_.AddNegotiation(Since(cycle_start_));
     return out;
   }
   if (any(kStallReport)) StallReport();
 
-  out.progress = !out.work.empty() || !out.failed.empty();
-  stats_.AddNegotiation(Since(t0));
+  out.progress = !out.work.empty() || !out.failed.empty() || !out.done.empty();
+  stats_.AddNegotiation(Since(cycle_start_));
   return out;
 }
 
@@ -258,9 +274,15 @@ bool Controller::CoordinatorRound(CycleOutcome* out) {
   return true;
 }
 
+void Controller::EraseFromCache(uint32_t bit) {
+  cache_.Erase(bit);
+  message_.Release(bit);
+}
+
 void Controller::InsertIntoCache(const Response& resp) {
   std::optional<std::string> evicted;
   uint32_t bit = cache_.Insert(resp.name, resp.sig, &evicted);
+  message_.Assign(bit, resp.sig);
   if (!evicted) return;
   ++stats_.cache_evictions;
   // A request of the evicted name that was waiting on this bit renegotiates.
@@ -383,6 +405,7 @@ void Controller::Reset() {
   sent_.clear();
   invalid_.clear();
   cache_.Clear();
+  message_.ReleaseAll();
   messages_.Clear();
   PublishLayout();
 }

@@ -1,6 +1,9 @@
 // One negotiation cycle (see docs/control_plane.md):
 //   1. every rank sets the bits of its ready cached requests and the status
-//      flags; ONE bitwise-AND allreduce gives the common hits and the flags;
+//      flags, and puts the data of its small ready cached allreduces in their
+//      slots; ONE allreduce gives the common hits (the small ones already
+//      reduced) and the flags. It is posted by BeginCycle and completed by
+//      whichever thread drives the runtime (TestCycle, FinishCycle);
 //   2. shutdown when every rank asked for it (or one gave up waiting);
 //   3. a cancel round when some rank saw a fault or a stall passed the
 //      shutdown bound: every rank fails the same pending submissions;
@@ -23,6 +26,7 @@
 
 #include "comm.h"
 #include "config.h"
+#include "cycle_message.h"
 #include "fault_injection.h"
 #include "message_table.h"
 #include "request.h"
@@ -34,6 +38,7 @@
 namespace jaxcache {
 
 struct CycleOutcome {
+  std::vector<Request*> done;  // reduced inside the cycle's allreduce: complete them
   std::vector<Request*> work;  // decided: execute in this order, on every rank
   std::vector<std::pair<Request*, Status>> failed;
   bool shutdown = false;
@@ -52,9 +57,18 @@ class Controller {
   Controller(Comm& comm, const Config& config, Stats& stats, Timeline& timeline,
              RequestTable& table, FaultInjector& faults);
 
+  // Takes a newly active request (never while a cycle is posted).
   void Add(Request* req);
-  CycleOutcome RunCycle(const CycleIntent& intent, const std::function<void()>& between_polls);
+  // Posts this rank's part of the next cycle.
+  void BeginCycle(const CycleIntent& intent);
+  bool cycle_posted() const { return comm_.cycle_posted(); }
+  // True once every rank has joined the posted cycle.
+  bool TestCycle() { return comm_.TestCycle(); }
+  // Everything after the allreduce; the remaining collective steps involve
+  // ranks that are all in this cycle, so they do not wait for arrivals.
+  CycleOutcome FinishCycle();
   bool HasPending() const { return !cached_.empty() || !unsent_.empty() || !sent_.empty(); }
+  bool HasFault();
   // A fault seen outside the cycle (data movement, completion): the next
   // cycle cancels every pending collective on every rank.
   void ReportFault(const std::string& what);
@@ -77,6 +91,7 @@ class Controller {
   // Rank 0: matches the gathered requests; returns the response message.
   std::vector<char> MatchRequests(const std::vector<std::vector<char>>& gathered);
   void InsertIntoCache(const Response& resp);
+  void EraseFromCache(uint32_t bit);
   void Shutdown(bool forced, bool requested_here, CycleOutcome* out);
   void CancelRound(CancelCause cause);
   void StallReport();
@@ -91,6 +106,11 @@ class Controller {
   RequestTable& table_;
   FaultInjector& faults_;
   ResponseCache cache_;
+  CycleMessage message_;  // slots mirror the cache
+  // The posted cycle: its intent, start, bitvector (inside message_).
+  CycleIntent intent_;
+  Clock::time_point cycle_start_{};
+  uint64_t* bits_ = nullptr;
   MessageTable messages_;  // used on rank 0 only
   StallInspector stall_;
   bool eviction_warned_ = false;

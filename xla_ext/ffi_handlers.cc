@@ -134,7 +134,8 @@ ffi::Future Submit(Kind kind, const CallSite& site, ffi::RemainingArgs args,
         else promise.SetError(ffi::Error(ffi::ErrorCode::kAborted, ErrorPrefix(st.kind) + st.message));
       },
       /*cheap=*/false);
-  runtime->Submit(std::move(req));
+  const bool drive = req->sig.NumBytes() <= kInlineBytes;
+  runtime->Submit(std::move(req), drive);
   return future;
 }
 

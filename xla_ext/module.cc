@@ -129,7 +129,9 @@ std::shared_ptr<Runtime> Running() {
 std::shared_ptr<Handle> Track(RequestPtr req, std::shared_ptr<Runtime> rt) {
   auto handle = std::make_shared<Handle>();
   req->done = Completion([handle](const Status& st) { handle->Finish(st); }, /*cheap=*/true);
-  rt->Submit(std::move(req));
+  const bool drive = req->sig.NumBytes() <= kInlineBytes;
+  nb::gil_scoped_release release;  // driving may wait for the other ranks a little
+  rt->Submit(std::move(req), drive);
   return handle;
 }
 
@@ -181,6 +183,7 @@ Config ConfigFromDict(const nb::dict& d) {
   if (auto v = get("timeline_path")) c.timeline_path = nb::cast<std::string>(v);
   if (auto v = get("timeline_mark_cycles")) c.timeline_mark_cycles = nb::cast<bool>(v);
   if (auto v = get("max_mpi_count")) c.max_mpi_count = nb::cast<int64_t>(v);
+  if (auto v = get("inline_spin_us")) c.inline_spin_us = nb::cast<double>(v);
   if (auto v = get("fault_inject")) c.fault_inject = nb::cast<std::string>(v);
   return c;
 }

@@ -18,6 +18,10 @@ MPI_Op MpiOp(DType dtype, ReduceOp op);
 void InitReduceOps();
 void FreeReduceOps();
 
+// inout[i] = op(in[i], inout[i]): the same bits as MPI's builtin operator (ours for the
+// half types). Used where the runtime reduces by itself (the cycle's speculative payload).
+void ReduceLocal(DType dtype, ReduceOp op, const void* in, void* inout, int64_t count);
+
 // out[i] = in[i] * factor (in may equal out). Floating and complex dtypes only.
 void Scale(const void* in, void* out, int64_t count, DType dtype, double factor);
 

@@ -2,11 +2,31 @@
 
 namespace jaxcache {
 
+namespace {
+thread_local InlineCompletion* inline_scope = nullptr;
+}  // namespace
+
+InlineCompletion::InlineCompletion(const Request* request)
+    : request_(request), previous_(inline_scope) {
+  inline_scope = this;
+}
+
+InlineCompletion::~InlineCompletion() { inline_scope = previous_; }
+
+InlineCompletion* InlineCompletion::For(const Request* req) {
+  return inline_scope && inline_scope->request_ == req ? inline_scope : nullptr;
+}
+
 RequestTable::~RequestTable() {
   Close(Status::Error(ErrorKind::kShutdown, "jaxcache: the runtime was destroyed"));
 }
 
 void RequestTable::Finish(RequestPtr req, const Status& status) {
+  if (InlineCompletion* scope = InlineCompletion::For(req.get())) {
+    req->done.Run(status);
+    scope->MarkDone();
+    return;
+  }
   if (req->done.cheap()) {
     req->done.Run(status);
     return;
@@ -14,7 +34,7 @@ void RequestTable::Finish(RequestPtr req, const Status& status) {
   completions_.Push(std::move(req), status);
 }
 
-void RequestTable::Admit(RequestPtr req) {
+bool RequestTable::Admit(RequestPtr req, bool notify) {
   Status refused;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -38,17 +58,17 @@ void RequestTable::Admit(RequestPtr req) {
         } else {
           Request* raw = req.get();
           ns.queue.push_back(std::move(req));
-          if (ns.queue.size() == 1) {
-            activated_.push_back(raw);
-            ++generation_;
-            cv_.notify_one();
-          }
-          return;
+          if (ns.queue.size() != 1) return false;
+          activated_.push_back(raw);
+          ++generation_;
+          if (notify) cv_.notify_one();
+          return true;
         }
       }
     }
   }
   Finish(std::move(req), refused);
+  return false;
 }
 
 std::vector<Request*> RequestTable::TakeActive() {

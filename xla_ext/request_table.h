@@ -24,6 +24,24 @@
 
 namespace jaxcache {
 
+// A thread driving the runtime for its own request: that request's completion
+// runs on this thread (no hand-off to the completion thread), and `done` tells
+// the driver it can stop.
+class InlineCompletion {
+ public:
+  explicit InlineCompletion(const Request* request);
+  ~InlineCompletion();
+  bool done() const { return done_; }
+  // The scope of this thread that owns `req`, or null.
+  static InlineCompletion* For(const Request* req);
+  void MarkDone() { done_ = true; }
+
+ private:
+  const Request* request_;
+  InlineCompletion* previous_;
+  bool done_ = false;
+};
+
 class RequestTable {
  public:
   explicit RequestTable(CompletionQueue& completions) : completions_(completions) {}
@@ -31,7 +49,9 @@ class RequestTable {
 
   // Any thread. Takes ownership; a refused request (closed table, a refused
   // duplicate, a cancelled submission number) completes at once with the reason.
-  void Admit(RequestPtr req);
+  // Returns true if the request is active at once (not queued behind its name);
+  // `notify` false leaves the background thread asleep (the caller drives).
+  bool Admit(RequestPtr req, bool notify = true);
 
   // Background thread: the requests that became active since the last call.
   std::vector<Request*> TakeActive();

@@ -17,6 +17,12 @@ constexpr microseconds kMinBackoff{20};
 constexpr microseconds kBusyMaxBackoff{1000};
 constexpr microseconds kIdleMaxBackoff{10000};
 constexpr microseconds kLongMaxBackoff{20000};
+Status Abandoned() {
+  return Status::Error(ErrorKind::kShutdown,
+                       "jaxcache: the runtime was shut down without the other ranks, which did "
+                       "not answer (a rank died or hangs)");
+}
+
 // A busy rank first polls its cycle for this long (yielding the core between
 // polls): peers usually answer within tens of microseconds, and a sleep
 // granularity of that order would otherwise double the latency.
@@ -85,7 +91,10 @@ std::shared_ptr<Runtime> Runtime::Current() {
 Runtime::Runtime(MPI_Comm comm, const Config& config)
     : config_(config),
       comm_(std::make_unique<Comm>(comm, config.max_mpi_count)),
-      faults_(config.fault_inject, comm_->rank()) {
+      faults_(config.fault_inject, comm_->rank()),
+      closing_(Status::Error(ErrorKind::kShutdown,
+                             "jaxcache: the runtime has been shut down; call jaxcache.init() "
+                             "before using collectives")) {
   comm_->SetAbandonFlag(&abandon_);
   // A peer that stays silent well past the stall shutdown bound is gone.
   if (config_.stall_shutdown_s > 0)
@@ -115,44 +124,119 @@ void Runtime::Complete(Request* req, const Status& status) {
   table_.Complete(req, status);
 }
 
+void Runtime::Fatal(const std::exception& e) {
+  // This rank no longer knows which MPI calls its peers will make, so going on
+  // could hang them: end the job, loudly.
+  std::fprintf(stderr, "jaxcache: rank %d: fatal error in the runtime: %s; aborting the job\n",
+               comm_->rank(), e.what());
+  std::fflush(stderr);
+  table_.Close(Status::Error(ErrorKind::kInternal, std::string("jaxcache: fatal error: ") + e.what()));
+  MPI_Abort(comm_->handle(), 71);
+  std::abort();
+}
+
+void Runtime::RunOutcome(CycleOutcome& out) {
+  for (auto& [req, st] : out.failed) Complete(req, st);
+  for (Request* req : out.done) Complete(req, Status::Ok());
+  if (!out.work.empty()) {
+    auto t0 = Clock::now();
+    std::string fault = operations_->Execute(
+        out.work, [this](Request* r, const Status& s) { Complete(r, s); });
+    if (!fault.empty()) controller_->ReportFault(fault);
+    stats_.AddExecution(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  progress_ = out.progress;
+  if (out.shutdown) {
+    closing_ = out.shutdown_status;
+    stop_loop_ = true;
+  }
+}
+
+bool Runtime::Advance() {
+  if (!controller_->cycle_posted()) {
+    for (Request* req : table_.TakeActive()) controller_->Add(req);
+    controller_->BeginCycle({shutdown_requested_, shutdown_forced_});
+  }
+  if (!controller_->TestCycle()) return false;
+  CycleOutcome out = controller_->FinishCycle();
+  RunOutcome(out);
+  return true;
+}
+
+void Runtime::Submit(RequestPtr req, bool drive) {
+  if (!drive || config_.inline_spin_us <= 0) {
+    table_.Admit(std::move(req));
+    return;
+  }
+  std::unique_lock<std::mutex> lock(driver_mu_, std::try_to_lock);
+  if (!lock.owns_lock() || stop_loop_) {  // someone else drives: they take it from the table
+    table_.Admit(std::move(req));
+    return;
+  }
+  const Request* own = req.get();
+  InlineCompletion scope(own);
+  if (!table_.Admit(std::move(req), /*notify=*/false)) {
+    // Queued behind an earlier submission of its name (or refused at once).
+    lock.unlock();
+    if (!scope.done()) table_.Wake();
+    return;
+  }
+  const auto deadline =
+      Clock::now() + std::chrono::microseconds(static_cast<int64_t>(config_.inline_spin_us));
+  try {
+    while (!scope.done() && !stop_loop_) {
+      // A cycle that finished without completing ours starts the next at once.
+      if (Advance()) continue;
+      if (Clock::now() > deadline) break;
+      std::this_thread::yield();  // the peers may need this core
+    }
+  } catch (const AbandonedError&) {
+    closing_ = Abandoned();
+    stop_loop_ = true;
+  } catch (const std::exception& e) {
+    Fatal(e);
+  }
+  lock.unlock();
+  // Not done in time: the background thread takes over (the posted cycle, if
+  // any, and the request, which is in the controller or the table).
+  if (!scope.done()) table_.Wake();
+}
+
 void Runtime::Loop() {
   const microseconds heartbeat{static_cast<int64_t>(config_.heartbeat_ms * 1000)};
   const microseconds cycle_time{static_cast<int64_t>(config_.cycle_time_ms * 1000)};
   microseconds idle_backoff = kMinBackoff;
-  bool progress = true;
   Clock::time_point last_cycle{};
   uint64_t seen = table_.generation();
-  Status closing = Status::Error(
-      ErrorKind::kShutdown,
-      "jaxcache: the runtime has been shut down; call jaxcache.init() before using collectives");
   try {
-    for (;;) {
+    while (!stop_loop_) {
       const bool stopping = shutdown_requested_ || shutdown_forced_;
-      if (!stopping) {
-        if (!controller_->HasPending()) {
+      if (!stopping && !controller_->cycle_posted()) {
+        if (!controller_->HasPending() && !controller_->HasFault()) {
           // Idle: wake on new work or the heartbeat. With a cycle time, the first
           // request of a burst waits that long so that the rest of the burst joins
           // its cycle (and its fusion buffer).
           if (table_.WaitForWork(heartbeat) && cycle_time.count() > 0)
             std::this_thread::sleep_for(cycle_time);
           idle_backoff = kMinBackoff;
-        } else if (!progress) {
+        } else if (!progress_) {
           // Work is pending but waits for other ranks: do not spin cycles.
           if (table_.WaitForNews(idle_backoff, &seen)) idle_backoff = kMinBackoff;
           else idle_backoff = std::min(idle_backoff * 2, kBusyMaxBackoff);
         }
         if (cycle_time.count() > 0) std::this_thread::sleep_until(last_cycle + cycle_time);
       }
-      for (Request* req : table_.TakeActive()) controller_->Add(req);
-      last_cycle = Clock::now();
-      const bool busy = controller_->HasPending();
+      std::lock_guard<std::mutex> lock(driver_mu_);
+      if (stop_loop_) break;
+      const bool resumed = controller_->cycle_posted();  // handed over by a submitter
+      if (!resumed) last_cycle = Clock::now();
+      const bool busy = resumed || controller_->HasPending() || table_.generation() != seen;
       microseconds backoff = kMinBackoff;
-      const auto spin_until = last_cycle + (busy ? kBusySpin : microseconds(0));
-      const CycleIntent intent{shutdown_requested_, shutdown_forced_};
-      CycleOutcome out = controller_->RunCycle(intent, [&] {
+      const auto spin_until = Clock::now() + (busy ? kBusySpin : microseconds(0));
+      while (!Advance()) {
         if (Clock::now() < spin_until) {
           std::this_thread::yield();
-          return;
+          continue;
         }
         // Sleeps whatever is waiting in the table: only news shortens it. A long
         // wait may sleep longer (at most a tenth of the time waited so far), so a
@@ -164,37 +248,16 @@ void Runtime::Loop() {
           auto cap = std::clamp(waited / 10, busy ? kBusyMaxBackoff : kIdleMaxBackoff, kLongMaxBackoff);
           backoff = std::min(backoff * 2, cap);
         }
-      });
-      for (auto& [req, st] : out.failed) Complete(req, st);
-      if (!out.work.empty()) {
-        auto t0 = Clock::now();
-        std::string fault = operations_->Execute(
-            out.work, [this](Request* r, const Status& s) { Complete(r, s); });
-        if (!fault.empty()) controller_->ReportFault(fault);
-        stats_.AddExecution(std::chrono::duration<double>(Clock::now() - t0).count());
-      }
-      progress = out.progress;
-      if (out.shutdown) {
-        closing = out.shutdown_status;
-        break;
       }
     }
   } catch (const AbandonedError& e) {
-    closing = Status::Error(ErrorKind::kShutdown,
-                            "jaxcache: the runtime was shut down without the other ranks, which "
-                            "did not answer (a rank died or hangs)");
+    closing_ = Abandoned();
   } catch (const std::exception& e) {
-    // A failure outside every fault-handling step: this rank no longer knows
-    // which MPI calls its peers will make, so continuing could hang them.
-    std::fprintf(stderr, "jaxcache: rank %d: fatal error in the runtime: %s; aborting the job\n",
-                 comm_->rank(), e.what());
-    std::fflush(stderr);
-    table_.Close(Status::Error(ErrorKind::kInternal, std::string("jaxcache: fatal error: ") + e.what()));
-    MPI_Abort(comm_->handle(), 71);
+    Fatal(e);
   }
-  table_.Close(closing);
+  table_.Close(closing_);
   std::lock_guard<std::mutex> lock(done_mu_);
-  closing_message_ = closing.message;
+  closing_message_ = closing_.message;
   loop_done_ = true;
   done_cv_.notify_all();
 }

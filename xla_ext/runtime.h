@@ -21,6 +21,11 @@
 
 namespace jaxcache {
 
+// Requests up to this size are driven by their submitter (Runtime::Submit);
+// larger ones are left to the background thread, so an XLA thread never
+// spends long on data movement that could overlap its computation.
+constexpr std::size_t kInlineBytes = 1 << 20;
+
 class Runtime {
  public:
   // Starts the process's runtime over a duplicate of `comm` (collective).
@@ -36,7 +41,11 @@ class Runtime {
 
   ~Runtime();
   // Takes ownership; the outcome, refusals included, arrives through req->done.
-  void Submit(RequestPtr req) { table_.Admit(std::move(req)); }
+  // With `drive`, when no other thread is driving the runtime, the caller runs
+  // cycles itself for up to JAXCACHE_INLINE_SPIN_US: a request whose peers are
+  // ready completes on the calling thread, with no thread hand-off at all
+  // (docs/control_plane.md, "Who drives the cycles").
+  void Submit(RequestPtr req, bool drive = false);
 
   const Comm& comm() const { return *comm_; }
   Stats& stats() { return stats_; }
@@ -46,6 +55,13 @@ class Runtime {
  private:
   Runtime(MPI_Comm comm, const Config& config);
   void Loop();
+  // Requires driver_mu_: begins a cycle unless one is posted, tests it and, if
+  // every rank has joined, finishes it and runs its outcome. True if a cycle
+  // finished.
+  bool Advance();
+  void RunOutcome(CycleOutcome& out);
+  // A failure outside every fault-handling step: ends the job (see runtime.cc).
+  [[noreturn]] void Fatal(const std::exception& e);
   void Complete(Request* req, const Status& status);
   // Waits for the loop to end; true if it did within `seconds`.
   bool WaitDone(double seconds);
@@ -55,11 +71,18 @@ class Runtime {
   Timeline timeline_;
   std::unique_ptr<Comm> comm_;
   FaultInjector faults_;
+  Status closing_;  // why the loop ends (under driver_mu_)
   CompletionQueue completions_;
   RequestTable table_{completions_};
   std::unique_ptr<Controller> controller_;
   std::unique_ptr<Operations> operations_;
   std::atomic<bool> shutdown_requested_{false}, shutdown_forced_{false}, abandon_{false};
+  // Held by whichever thread drives cycles: the background thread, or a
+  // submitter running its own request inline.
+  std::mutex driver_mu_;
+  // Under driver_mu_: the last cycle decided something; the loop must end.
+  bool progress_ = true;
+  std::atomic<bool> stop_loop_{false};
   std::mutex done_mu_;
   std::condition_variable done_cv_;
   bool loop_done_ = false;
