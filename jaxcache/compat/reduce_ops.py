@@ -91,3 +91,16 @@ def predivide(op: str, factor, fn: str) -> tuple[float, float]:
 def check_num_rank_power_of_2(num_rank: int) -> bool:
     """True when num_rank is a power of two (Horovod's Adasum precondition)."""
     return num_rank != 0 and (num_rank & (num_rank - 1)) == 0
+
+
+def handle_average_backwards_compatibility(op, average):
+    """Horovod's helper: the op that `op`/`average` select (constants stay constants)."""
+    if op is not None:
+        if average is not None:
+            raise ValueError("the op parameter supersedes average; pass only one of them")
+        return op
+    if average is not None:
+        warnings.warn("parameter `average` is deprecated (as in Horovod); use op=Average or op=Sum",
+                      DeprecationWarning, stacklevel=2)
+        return Average if average else Sum
+    return Average
