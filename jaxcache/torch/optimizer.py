@@ -32,7 +32,7 @@ class _Unit:
         self.ready = 0  # members whose gradient is final for this step
         self.submitted = False
         self.handle = None  # the dense request
-        self.members = []  # (index, submitted tensor, compression ctx, grad was sparse)
+        self.members = []  # (index, compressed/densified copy, compression ctx, grad was sparse)
         self.sparse = []  # (index, callable returning the reduced sparse gradient)
 
     def reset(self) -> None:
@@ -66,6 +66,7 @@ class _DistributedMixin:
         self._jc_k = backward_passes_per_step
         self.backward_passes_per_step = backward_passes_per_step
         self._jc_compression = compression
+        self._jc_identity = compression is Compression.none or isinstance(compression, Compression.none)
         self._jc_sparse_as_dense = bool(sparse_as_dense)
         self.op, self.gradient_predivide_factor = op, gradient_predivide_factor
         self.sparse_as_dense, self.process_set = bool(sparse_as_dense), process_set
@@ -221,23 +222,24 @@ class _DistributedMixin:
                 continue
             if was_sparse:
                 g = g.to_dense()
+            if self._jc_identity and not was_sparse:
+                dense.append(g)  # reduced in place in the gradient's own memory
+                continue
             c, ctx = self._jc_compression.compress(g)
-            dense.append((i, c, ctx, was_sparse))
+            dense.append(c)
+            unit.members.append((i, c, ctx, was_sparse))
         if dense:
-            unit.handle = ops.submit(ops.KIND_ALLREDUCE, unit.name, [c for _, c, _, _ in dense],
-                                     inplace=True, op=self._jc_op_code, prescale=self._jc_pre,
+            unit.handle = ops.submit(ops.KIND_ALLREDUCE, unit.name, dense, inplace=True,
+                                     op=self._jc_op_code, prescale=self._jc_pre,
                                      postscale=self._jc_post, single=False, bump=False)
-        unit.members = dense
         unit.submitted = True
         self._jc_pending.append(unit)
 
     def _jc_finish(self, unit: _Unit) -> None:
         if unit.handle is not None:
             ops.synchronize(unit.handle)
-        for i, c, ctx, was_sparse in unit.members:
+        for i, c, ctx, was_sparse in unit.members:  # compressed or densified copies only
             p = self._jc_params[i]
-            if c is p.grad and ctx is None:
-                continue  # reduced in place in the gradient's own memory
             g = self._jc_compression.decompress(c, ctx)
             if was_sparse:
                 p.grad = g.to_sparse()

@@ -175,6 +175,14 @@ for root in range(SIZE):
 assert hvd.broadcast_object_fn(root_rank=SIZE - 1)([RANK]) == [SIZE - 1]
 raises(NotImplementedError, r"session=", hvd.broadcast_object, 1, session=object())
 raises(RuntimeError, r"does not support eager execution", hvd.broadcast_global_variables, 0)
+graph = tf.Graph()  # TensorFlow 1 style: graph mode and a session
+with graph.as_default():
+    gv = tf.compat.v1.Variable(np.full(3, float(RANK)), use_resource=True)
+    bcast = hvd.broadcast_global_variables(SIZE - 1)
+    with tf.compat.v1.Session(graph=graph) as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        session.run(bcast)
+        assert session.run(gv).tolist() == [float(SIZE - 1)] * 3
 
 
 # --- gradients: finite differences of the global objective (every rank perturbs in lockstep) -----

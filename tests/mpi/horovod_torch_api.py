@@ -186,6 +186,18 @@ for root in range(SIZE):
     assert got == {"from": root, "list": list(range(root + 3))}
 assert hvd.broadcast_object(lambda v: v + RANK, root_rank=0)(1) == 1  # cloudpickle, as Horovod
 
+# sparse_allreduce_async: every rank's entries (different counts per rank), as a callable handle
+entries = [(torch.tensor([[(r + k) % 4 for k in range(2 * (r + 1))]]), torch.arange(2.0 * (r + 1)) + r)
+           for r in range(SIZE)]
+mine = torch.sparse_coo_tensor(entries[RANK][0], entries[RANK][1], (4,))
+for op, scale in ((hvd.Sum, 1.0), (hvd.Average, 1.0 / SIZE)):
+    handle = hvd.sparse_allreduce_async(mine, name=f"sparse.{op.name}", op=op)
+    assert hvd.poll(handle)
+    out = hvd.synchronize(handle)
+    assert out.is_sparse and out._nnz() == sum(2 * (r + 1) for r in range(SIZE))
+    expected = sum(torch.sparse_coo_tensor(i, v, (4,)).to_dense() for i, v in entries) * scale
+    assert torch.allclose(out.to_dense(), expected), (out.to_dense(), expected)
+
 # broadcast_parameters accepts model.parameters() (a list of tensors), as Horovod does
 torch.manual_seed(RANK)
 lin = torch.nn.Linear(3, 2)
@@ -304,3 +316,10 @@ check(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="after"), np.full(2, float(S
 done("horovod_torch_api")
 hvd.shutdown()
 assert not hvd.is_initialized()
+# init(comm=[ranks of MPI.COMM_WORLD]) starts the runtime again over those ranks
+COMM.Barrier()
+hvd.init(comm=list(range(SIZE)))
+assert (hvd.rank(), hvd.size(), hvd.cross_size()) == (RANK, SIZE, len(peers))
+check(hvd.allreduce(torch.ones(3), op=hvd.Sum, name="reinit"), np.full(3, float(SIZE)), torch.float32, "re-init")
+COMM.Barrier()
+hvd.shutdown()

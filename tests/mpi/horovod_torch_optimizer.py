@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 import torch
-from _util import COMM, done, same_on_all_ranks
+from _util import done, same_on_all_ranks
 
 import jaxcache.torch as hvd
 
