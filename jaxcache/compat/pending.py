@@ -15,6 +15,8 @@ of that function (and move the name from "pending" to "same" in docs/horovod.md)
 
 from __future__ import annotations
 
+import re
+
 import jaxcache
 
 
@@ -50,6 +52,15 @@ def reducescatter(fn: str):
 
 def alltoall(fn: str):
     raise _pending(f"{fn}", "issue 13 (collective vocabulary)")
+
+
+def is_uneven_first_dim(message: str) -> bool:
+    """True when a mismatch message's shapes differ in their first dimension only."""
+    shapes = re.findall(r"ranks? [\d, ]+: \(([\d, ]*)\)", message)
+    if "shape" not in message or len(shapes) < 2:
+        return False
+    dims = [tuple(int(d) for d in s.replace(" ", "").split(",") if d) for s in shapes]
+    return len({len(d) for d in dims}) == 1 and len({d[1:] for d in dims}) == 1 and all(dims)
 
 
 def uneven_allgather(fn: str, error: BaseException):

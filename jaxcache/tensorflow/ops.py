@@ -149,7 +149,8 @@ def submit_eager(kind: int, names: list[str], groups: list[list[tf.Tensor]], *, 
                 error = e
         results.append(outs)
     if error is not None:
-        if kind == KIND_ALLGATHER and isinstance(error, MismatchError) and "shape" in str(error):
+        if kind == KIND_ALLGATHER and isinstance(error, MismatchError) and \
+                pending.is_uneven_first_dim(str(error)):
             pending.uneven_allgather("jaxcache.tensorflow.allgather", error)
         raise error
     return results

@@ -84,10 +84,6 @@ def check_name(name, fn: str) -> None:
     validation.check_name(name, f"torch.{fn}")
 
 
-def check_op(op, fn: str) -> str:
-    return validation.check_op(op, f"torch.{fn}")
-
-
 def reduce_args(op: str, prescale: float, postscale: float) -> tuple[int, float, float]:
     """Wire op code and scales; 'average' is a sum with postscale 1/size."""
     if op == "average":
@@ -294,7 +290,7 @@ def synchronize(handle):
         try:
             raise_for_status(status, message)
         except MismatchError as e:
-            if handle.kind == KIND_ALLGATHER and "shape" in str(e):
+            if handle.kind == KIND_ALLGATHER and pending.is_uneven_first_dim(str(e)):
                 pending.uneven_allgather("jaxcache.torch.allgather", e)
             raise
         handle._result = handle._finish()

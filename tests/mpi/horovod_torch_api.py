@@ -310,6 +310,7 @@ if SIZE > 1:
     e = raises(NotImplementedError, r"different first dimension per rank .* issue 13", hvd.allgather,
                torch.ones(RANK + 1, 2), name="uneven")
     assert isinstance(e.__cause__, hvd.MismatchError)
+    raises(hvd.MismatchError, r"shape differs", hvd.allgather, torch.ones(2, RANK + 1), name="trailing")
 check(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="after"), np.full(2, float(SIZE)), torch.float32,
       "runtime usable after the refusals")
 
