@@ -17,8 +17,18 @@ from _util import COMM, done, same_on_all_ranks  # noqa: E402
 import jaxcache.tensorflow.keras as hvd  # noqa: E402
 from jaxcache.tensorflow.keras.optimizer import _DistributedKeras  # noqa: E402
 
+assert not hvd.is_initialized()
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
+import jaxcache.tensorflow as hvd_tf  # noqa: E402  (the Keras module re-exports the same functions)
+
+for fname in ("size", "local_size", "cross_size", "rank", "local_rank", "cross_rank", "mpi_threads_supported",
+              "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
+              "cuda_built", "rocm_built", "is_initialized"):
+    assert getattr(hvd, fname)() == getattr(hvd_tf, fname)(), fname
+assert (hvd.rank(), hvd.size()) == (COMM.rank, COMM.size)
+assert hvd.global_process_set is hvd_tf.global_process_set and hvd.remove_process_set(hvd.global_process_set) is False
+assert hvd.Compression.fp16 is hvd_tf.Compression.fp16
 PER, STEPS = 4, 5  # rows per rank per step, steps per epoch
 
 

@@ -42,8 +42,14 @@ local_ranks = COMM.allgather(node.rank)
 peers = [r for r in range(SIZE) if local_ranks[r] == node.rank]
 assert (hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size()) == \
     (node.rank, node.size, peers.index(RANK), len(peers))
+assert hvd.is_homogeneous() == (len(set(COMM.allgather(node.size))) == 1)
 assert hvd.mpi_threads_supported() and hvd.mpi_enabled() and hvd.mpi_built()
-assert (hvd.gloo_built(), hvd.nccl_built(), hvd.cuda_built()) == (False, 0, False)
+assert (hvd.gloo_enabled(), hvd.gloo_built(), hvd.nccl_built(), hvd.ddl_built(), hvd.ccl_built(),
+        hvd.cuda_built(), hvd.rocm_built()) == (False, False, 0, False, False, False, False)
+assert hvd.global_process_set.size() == SIZE and hvd.global_process_set.included()
+assert hvd.remove_process_set(hvd.global_process_set) is False
+assert [int(c) for c in (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product)] == list(range(6))
+assert issubclass(jaxcache.MismatchError, hvd.HorovodInternalError)
 
 
 @tf.function
