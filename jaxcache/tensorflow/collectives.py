@@ -18,6 +18,7 @@ from .. import runtime as _runtime
 from ..compat import pending, process_sets, reduce_ops
 from ..compat.process_sets import global_process_set
 from . import ops, sparse
+from . import compression as _compression
 from .compression import Compression
 
 _api = ops._api
@@ -106,6 +107,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         return sparse.reduce_slices([tensor], [ops.auto_name("allreduce", name, fn)], op, fn)[0]
     t = _tensor(tensor, fn, name)
     ops.check_reduction(t, op, pre, post, fn, f"tensor {name!r}" if name else "tensor")
+    _compression.check(compression, fn)
     name = ops.auto_name("allreduce", name, fn)
     c, ctx = compression.compress(t)
     return compression.decompress(reduce_tensors([c], name, op, pre, post)[0], ctx)
@@ -148,6 +150,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
         for i, r in zip(slices, reduced):
             out[i] = r
     if dense:
+        _compression.check(compression, fn)
         compressed = [compression.compress(t) for _, t in dense]
         reduced = reduce_tensors([c for c, _ in compressed], name, op, pre, post)
         for (i, _), (_, ctx), r in zip(dense, compressed, reduced):

@@ -11,6 +11,7 @@ import tensorflow as tf
 from .. import grouping
 from .. import runtime as _runtime
 from ..compat import process_sets, reduce_ops
+from . import compression as _compression
 from . import ops, sparse
 
 
@@ -26,9 +27,7 @@ class GradientReducer:
         process_sets.check(process_set, f"tensorflow.{fn}")
         self.op = reduce_ops.to_name(op, f"tensorflow.{fn}")
         self.pre, self.post = reduce_ops.predivide(self.op, gradient_predivide_factor, f"tensorflow.{fn}")
-        if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
-            raise TypeError(f"jaxcache.tensorflow.{fn}: compression must be a compressor such as "
-                            f"Compression.none or Compression.fp16, got {compression!r}")
+        _compression.check(compression, fn)
         if num_groups:
             import warnings
             warnings.warn(f"jaxcache.tensorflow.{fn}: num_groups is deprecated (as in Horovod); use "

@@ -14,7 +14,7 @@ from . import ops
 
 
 def _gather_eager(names: list[str], values: list, indices: list) -> list:
-    counts = ops.submit_eager(ops.KIND_ALLGATHER, [f"{n}.count" for n in names],
+    counts = ops.submit_eager(ops.KIND_ALLGATHER, list(names),
                               [[tf.constant([int(v.shape[0])], tf.int64)] for v in values])
     padded, lengths = [], []
     for v, i, c in zip(values, indices, counts):

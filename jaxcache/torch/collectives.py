@@ -18,6 +18,7 @@ from .. import runtime as _runtime
 from ..compat import pending, process_sets, reduce_ops
 from ..compat.process_sets import global_process_set
 from . import ops
+from . import compression as _compression
 from .compression import Compression
 
 
@@ -122,6 +123,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     op, pre, post = ops.reduce_spec("allreduce", op, average, prescale_factor, postscale_factor,
                                     prescale, postscale, process_set)
     ops.check_tensor(tensor, "allreduce", f"tensor {name!r}" if name else "tensor")
+    _compression.check(compression, "allreduce")
     compressed, cctx = compression.compress(tensor)
     out = _Allreduce.apply(compressed, name, op, pre, post, "allreduce")
     return compression.decompress(out, cctx)
@@ -136,6 +138,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
                                     postscale_factor, prescale, postscale, process_set)
     for i, t in enumerate(tensors):
         ops.check_tensor(t, "grouped_allreduce", f"tensors[{i}]" + (f" of {name!r}" if name else ""))
+    _compression.check(compression, "grouped_allreduce")
     if not tensors:
         return []
     compressed, ctxs = zip(*[compression.compress(t) for t in tensors])

@@ -65,3 +65,10 @@ class Compression:
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
+
+
+def check(compression, fn: str) -> None:
+    """A compressor is anything with compress() and decompress() (Horovod's interface)."""
+    if not (callable(getattr(compression, "compress", None)) and callable(getattr(compression, "decompress", None))):
+        raise TypeError(f"jaxcache.torch.{fn}: compression must be a compressor such as "
+                        f"Compression.none, Compression.fp16 or Compression.bf16, got {compression!r}")

@@ -12,6 +12,7 @@ from .. import runtime as _runtime
 from ..compat import process_sets, reduce_ops
 from ..compat.process_sets import global_process_set
 from . import ops
+from . import compression as _compression
 from .compression import Compression
 from .functions import agree
 from .sparse import sparse_allreduce_async
@@ -58,9 +59,7 @@ class _DistributedMixin:
                 or backward_passes_per_step < 1:
             raise ValueError(f"jaxcache.torch.{fn}: backward_passes_per_step must be an int >= 1, got "
                              f"{backward_passes_per_step!r}")
-        if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
-            raise TypeError(f"jaxcache.torch.{fn}: compression must be a compressor such as "
-                            f"Compression.none or Compression.fp16, got {compression!r}")
+        _compression.check(compression, fn)
         if not isinstance(name_prefix, str) or not name_prefix:
             raise TypeError(f"jaxcache.torch.{fn}: name_prefix must be a non-empty str")
         self._jc_k = backward_passes_per_step
@@ -366,7 +365,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         parameters; a group is one atomic request, submitted when its last gradient is ready.
     sparse_as_dense: reduce sparse gradients densely (they are made sparse again after); else
         their indices and values are allgathered (every rank must produce a sparse gradient
-        for such a parameter).
+        for such a parameter; a rank without one raises MismatchError, on every rank).
 
     To change gradients before the update (e.g. clip_grad_norm_), call synchronize() first,
     then step() inside `with opt.skip_synchronize():` (step() after synchronize() does not

@@ -32,7 +32,9 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     indices = tensor._indices().t().contiguous()  # [nnz, sparse_dims]
     values = tensor._values().contiguous()  # [nnz, *dense_dims]
     nnz = indices.shape[0]
-    counts_handle = ops.allgather_submit([torch.tensor([nnz], dtype=torch.int64)], f"{name}.nnz",
+    # The counts travel under `name` itself: a rank that submits a dense allreduce of that name
+    # instead (a gradient missing there) meets a MismatchError on every rank, not a hang.
+    counts_handle = ops.allgather_submit([torch.tensor([nnz], dtype=torch.int64)], name,
                                          "sparse_allreduce_async")
     shape, size = tensor.shape, _runtime.size()
 

@@ -202,5 +202,29 @@ except NotImplementedError as e:
 else:
     raise AssertionError("Adasum must raise NotImplementedError")
 
+# A sparse gradient on some ranks and none (zeros, dense) on another: MismatchError everywhere.
+if SIZE > 1:
+    model = make_model(True)
+    opt = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters())
+    tokens, x, y = (t[LO:HI] for t in batch(0))
+    if RANK == 0:
+        (model.fc2(torch.tanh(model.fc1(torch.cat([torch.zeros(len(x), 12), x], 1)))).sum()).backward()
+    else:
+        loss_sum(model, tokens, x, y).backward()
+    try:
+        opt.synchronize()
+    except hvd.MismatchError as e:
+        assert "torch.grad/emb.weight" in str(e) and "kind differs" in str(e), str(e)
+    else:
+        raise AssertionError("a rank without the sparse gradient must raise MismatchError")
+    opt.zero_grad()
+    opt.remove_hooks()
+try:
+    hvd.DistributedOptimizer(sgd(make_model(False)), compression="fp16")
+except TypeError as e:
+    assert "compression must be a compressor" in str(e)
+else:
+    raise AssertionError("a bad compression must raise TypeError")
+
 done("horovod_torch_optimizer")
 hvd.shutdown()
