@@ -127,5 +127,6 @@ def test_horovod_keras_mnist_matches_single_process_accuracy():
 
     single = accuracy(_run_single(HOROVOD_KERAS, *args, env=env), 1)
     ranks2 = accuracy(run_mpi(str(HOROVOD_KERAS), 2, *args, timeout=240, env=env).stdout, 2)
-    assert single >= 0.93, single
-    assert ranks2 >= single - 0.02, (ranks2, single)
+    # Unseeded shuffling and dropout, as in Horovod's example: runs vary by about 1 point.
+    assert single >= 0.95, single
+    assert ranks2 >= max(0.95, single - 0.03), (ranks2, single)
