@@ -1,4 +1,4 @@
-"""Collectives on TensorFlow tensors, served by the jaxcache runtime.
+"""Submitting collectives on TensorFlow tensors to the jaxcache runtime (validation, names, run).
 
 Eager tensors are handed to the runtime through DLPack (zero-copy for CPU tensors); the
 results are written into NumPy buffers that become tensors with tf.convert_to_tensor.
@@ -188,11 +188,8 @@ def run(kind: int, names: list[str], groups: list[list[tf.Tensor]], **kw) -> lis
 
 
 # ---------------------------------------------------------------------------------------------
-# Public collectives
+# The public collectives (Horovod's API) are in collectives.py, built on run() above.
 
 # AutoGraph must not rewrite the library's own Python (it is plain Python meant to run at
 # trace time); the user's code around the calls is converted as usual.
 _api = tf.autograph.experimental.do_not_convert
-
-
-
