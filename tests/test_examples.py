@@ -82,3 +82,51 @@ def test_bench_smoke(tmp_path):
     assert all(r.get("median_ms", 0) > 0 and not r["note"] for r in rows), rows
     assert "| tensors | size | method |" in (out_dir / "bench.md").read_text()
     assert (out_dir / "bench.png").exists() or "matplotlib is not installed" in out
+
+
+def _run_single(example: Path, *args: str, env: dict | None = None) -> str:
+    proc = subprocess.run([sys.executable, str(example), *args], capture_output=True, text=True,
+                          timeout=240, env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+HOROVOD_TORCH = REPO / "examples" / "horovod_torch_mnist.py"
+HOROVOD_KERAS = REPO / "examples" / "horovod_keras_mnist.py"
+
+
+def test_horovod_torch_mnist_matches_single_process_accuracy():
+    """Horovod's PyTorch MNIST example (jaxcache import, local digits) at 2 ranks reaches the
+    accuracy it reaches in one process."""
+    pytest.importorskip("torch")
+    args = ("--epochs", "10", "--batch-size", "32", "--lr", "0.03", "--log-interval", "1000")
+
+    def accuracy(out: str) -> float:
+        found = re.findall(r"Test set: Average loss: [0-9.]+, Accuracy: ([0-9.]+)%", out)
+        assert len(found) == 10, out[-3000:]
+        return float(found[-1])
+
+    single = accuracy(_run_single(HOROVOD_TORCH, *args))
+    ranks2 = accuracy(run_mpi(str(HOROVOD_TORCH), 2, *args, timeout=240).stdout)
+    assert single >= 93.0, single
+    assert ranks2 >= single - 2.0, (ranks2, single)
+
+
+def test_horovod_keras_mnist_matches_single_process_accuracy():
+    """Horovod's TF2 Keras MNIST example (jaxcache import, local digits) at 2 ranks reaches the
+    accuracy it reaches in one process."""
+    pytest.importorskip("tensorflow")
+    args = ("--epochs", "5", "--steps-per-epoch", "40")
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0"}
+
+    def accuracy(out: str, ranks: int) -> float:
+        m = re.search(rf"test accuracy: ([0-9.]+) on {ranks} rank\(s\)", out)
+        assert m, out[-3000:]
+        assert "finished gradual learning rate warmup" in out
+        return float(m.group(1))
+
+    single = accuracy(_run_single(HOROVOD_KERAS, *args, env=env), 1)
+    ranks2 = accuracy(run_mpi(str(HOROVOD_KERAS), 2, *args, timeout=240, env=env).stdout, 2)
+    # Unseeded shuffling and dropout, as in Horovod's example: runs vary by about 1 point.
+    assert single >= 0.95, single
+    assert ranks2 >= max(0.95, single - 0.03), (ranks2, single)

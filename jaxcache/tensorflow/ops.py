@@ -1,4 +1,4 @@
-"""Collectives on TensorFlow tensors, served by the jaxcache runtime.
+"""Submitting collectives on TensorFlow tensors to the jaxcache runtime (validation, names, run).
 
 Eager tensors are handed to the runtime through DLPack (zero-copy for CPU tensors); the
 results are written into NumPy buffers that become tensors with tf.convert_to_tensor.
@@ -18,7 +18,8 @@ import tensorflow as tf
 
 from .. import runtime as _runtime
 from .._ext import ext
-from ..errors import raise_for_status
+from ..compat import pending
+from ..errors import MismatchError, raise_for_status
 from ..ops import naming, validation
 from ..ops.eager import DTYPE_CODES as _NP_DTYPE_CODES
 from ..ops.eager import keep_until_done
@@ -123,7 +124,7 @@ def submit_eager(kind: int, names: list[str], groups: list[list[tf.Tensor]], *, 
     All requests are in flight together, so ranks may submit them in any order.
     """
     size = _runtime.size()
-    pending, error = [], None
+    in_flight, error = [], None
     for name, tensors in zip(names, groups):
         ins, outs, codes = [], [], []
         for t in tensors:
@@ -144,13 +145,13 @@ def submit_eager(kind: int, names: list[str], groups: list[list[tf.Tensor]], *, 
         except BaseException as e:  # submit refused: still wait for what is already in flight
             error = e
             break
-        pending.append((handle, ins, outs))
+        in_flight.append((handle, ins, outs))
     results = []
-    for i, (handle, ins, outs) in enumerate(pending):
+    for i, (handle, ins, outs) in enumerate(in_flight):
         try:
             status, message = handle.wait()
         except BaseException:  # Ctrl-C: the runtime still uses the buffers of what is in flight
-            for h, i_, o_ in pending[i:]:
+            for h, i_, o_ in in_flight[i:]:
                 keep_until_done(h, (i_, o_))
             raise
         if status and error is None:
@@ -160,6 +161,9 @@ def submit_eager(kind: int, names: list[str], groups: list[list[tf.Tensor]], *, 
                 error = e
         results.append(outs)
     if error is not None:
+        if kind == KIND_ALLGATHER and isinstance(error, MismatchError) and \
+                pending.is_uneven_first_dim(str(error)):
+            pending.uneven_allgather("jaxcache.tensorflow.allgather", error)
         raise error
     return results
 
@@ -196,85 +200,8 @@ def run(kind: int, names: list[str], groups: list[list[tf.Tensor]], **kw) -> lis
 
 
 # ---------------------------------------------------------------------------------------------
-# Public collectives
+# The public collectives (Horovod's API) are in collectives.py, built on run() above.
 
 # AutoGraph must not rewrite the library's own Python (it is plain Python meant to run at
 # trace time); the user's code around the calls is converted as usual.
 _api = tf.autograph.experimental.do_not_convert
-
-
-
-@_api
-def allreduce(tensor, op: str = "average", name: str | None = None, prescale: float = 1.0,
-              postscale: float = 1.0) -> tf.Tensor:
-    """The reduction of `tensor` over all ranks ('average' default; 'sum', 'min', 'max', 'prod')."""
-    _runtime.require_initialized("jaxcache.tensorflow.allreduce")
-    op = validation.check_op(op, "tensorflow.allreduce")
-    what = f"tensor {name!r}" if name else "tensor"
-    t = as_tensor(tensor, "allreduce", what)
-    check_reduction(t, op, prescale, postscale, "allreduce", what)
-    name = auto_name("allreduce", name, "allreduce")
-    code, pre, post = reduce_args(op, prescale, postscale)
-    return run(KIND_ALLREDUCE, [name], [[t]], op=code, prescale=pre, postscale=post)[0][0]
-
-
-@_api
-def grouped_allreduce(tensors, op: str = "average", name: str | None = None, prescale: float = 1.0,
-                      postscale: float = 1.0) -> list[tf.Tensor]:
-    """Reduces a list of tensors as one atomic (fused) request."""
-    _runtime.require_initialized("jaxcache.tensorflow.grouped_allreduce")
-    op = validation.check_op(op, "tensorflow.grouped_allreduce")
-    if not isinstance(tensors, (list, tuple)):
-        raise TypeError("jaxcache.tensorflow.grouped_allreduce: tensors must be a list or tuple, got "
-                        f"{type(tensors).__name__}")
-    ts = []
-    for i, x in enumerate(tensors):
-        what = f"tensors[{i}]" + (f" of {name!r}" if name else "")
-        t = as_tensor(x, "grouped_allreduce", what)
-        check_reduction(t, op, prescale, postscale, "grouped_allreduce", what)
-        ts.append(t)
-    if not ts:
-        return []
-    name = auto_name("grouped_allreduce", name, "grouped_allreduce")
-    code, pre, post = reduce_args(op, prescale, postscale)
-    return run(KIND_ALLREDUCE, [name], [ts], op=code, prescale=pre, postscale=post)[0]
-
-
-@_api
-def broadcast(tensor, root_rank: int = 0, name: str | None = None) -> tf.Tensor:
-    """`root_rank`'s value of `tensor` on every rank."""
-    _runtime.require_initialized("jaxcache.tensorflow.broadcast")
-    t = as_tensor(tensor, "broadcast", f"tensor {name!r}" if name else "tensor")
-    root = validation.check_root(root_rank, _runtime.size(), "tensorflow.broadcast")
-    name = auto_name("broadcast", name, "broadcast")
-    return run(KIND_BROADCAST, [name], [[t]], root=root)[0][0]
-
-
-@_api
-def allgather(tensor, name: str | None = None) -> tf.Tensor:
-    """Every rank's `tensor` concatenated along axis 0 (a scalar gives a vector); same shapes."""
-    _runtime.require_initialized("jaxcache.tensorflow.allgather")
-    t = as_tensor(tensor, "allgather", f"tensor {name!r}" if name else "tensor")
-    name = auto_name("allgather", name, "allgather")
-    return run(KIND_ALLGATHER, [name], [[t]])[0][0]
-
-
-@_api
-def broadcast_variables(variables, root_rank: int = 0, name: str = "tf.broadcast_variables") -> None:
-    """Assigns `root_rank`'s value to every variable (one request per variable, all in flight)."""
-    _runtime.require_initialized("jaxcache.tensorflow.broadcast_variables")
-    root = validation.check_root(root_rank, _runtime.size(), "tensorflow.broadcast_variables")
-    if isinstance(variables, (tf.Variable, tf.Tensor)):
-        raise TypeError("jaxcache.tensorflow.broadcast_variables: pass a list of variables, "
-                        "e.g. model.variables")
-    variables = list(variables)
-    values = []
-    for i, v in enumerate(variables):
-        if not hasattr(v, "assign"):
-            raise TypeError(f"jaxcache.tensorflow.broadcast_variables: variables[{i}] is a "
-                            f"{type(v).__name__}, not a variable")
-        values.append(as_tensor(v, "broadcast_variables", f"variable {getattr(v, 'name', i)!r}"))
-    names = [f"{name}/{i}" for i in range(len(values))]
-    outs = run(KIND_BROADCAST, names, [[t] for t in values], root=root)
-    for v, (o,) in zip(variables, outs):
-        v.assign(o)

@@ -1,18 +1,47 @@
-"""PyTorch bridge: the jaxcache runtime's collectives on torch tensors (through DLPack).
+"""PyTorch bridge: jaxcache's runtime behind Horovod's horovod.torch API.
 
-    import jaxcache.torch as jct
-    jct.init()
-    jct.broadcast_parameters(model.state_dict(), root_rank=0)
-    opt = jct.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+    import jaxcache.torch as hvd          # drop-in for `import horovod.torch as hvd`
+    hvd.init()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters())
     loss.backward(); opt.step()
 
 Run with `mpirun -np N python train.py`. Contiguous CPU tensors are reduced in place in
-their own memory (zero-copy); other tensors go through a contiguous CPU copy.
+their own memory (zero-copy); other tensors go through a contiguous CPU copy. Every Horovod
+0.28.1 name is here; docs/horovod.md lists which are the same, which differ and which are
+pending or unsupported (those raise and say so).
 """
 
 from __future__ import annotations
 
+from ..compat.basics import (
+    HorovodInternalError,
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
+)
+from ..compat.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from ..compat.reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from ..errors import (  # noqa: F401  (re-exported: what synchronize() raises)
     CollectiveError,
     DuplicateNameError,
@@ -21,36 +50,69 @@ from ..errors import (  # noqa: F401  (re-exported: what synchronize() raises)
     ShutdownError,
     StallError,
 )
-from ..runtime import barrier, init, is_initialized, local_rank, local_size, rank, shutdown, size
-from .functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from . import elastic
+from .collectives import (
+    allgather,
+    allreduce,
+    alltoall,
+    broadcast,
+    grouped_allgather,
+    grouped_allreduce,
+    grouped_reducescatter,
+    reducescatter,
+)
+from .compression import Compression
+from .functions import (
+    allgather_object,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
 from .ops import (
     Handle,
-    allgather,
     allgather_async,
-    allreduce,
     allreduce_,
     allreduce_async,
     allreduce_async_,
-    broadcast,
+    alltoall_async,
+    barrier,
     broadcast_,
     broadcast_async,
     broadcast_async_,
-    grouped_allreduce,
+    grouped_allgather_async,
     grouped_allreduce_,
     grouped_allreduce_async,
+    grouped_allreduce_async_,
+    grouped_reducescatter_async,
+    join,
     poll,
+    reducescatter_async,
     synchronize,
 )
 from .optimizer import DistributedOptimizer
+from .sparse import sparse_allreduce_async
+from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
-    "barrier", "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    # process
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "cross_rank", "cross_size", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
+    "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
+    "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    # reduce ops
+    "Average", "Sum", "Adasum", "Min", "Max", "Product", "ReduceOp",
+    # collectives
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
-    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
-    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
-    "allgather", "allgather_async", "poll", "synchronize", "Handle",
-    "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
-    "DistributedOptimizer",
-    "JaxcacheError", "MismatchError", "StallError", "ShutdownError", "DuplicateNameError",
-    "CollectiveError",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
+    "sparse_allreduce_async", "allgather", "allgather_async", "grouped_allgather",
+    "grouped_allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "grouped_reducescatter",
+    "grouped_reducescatter_async", "join", "barrier", "poll", "synchronize", "Handle",
+    # whole-model helpers
+    "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
+    "DistributedOptimizer", "SyncBatchNorm", "Compression", "elastic",
+    # errors
+    "HorovodInternalError", "JaxcacheError", "MismatchError", "StallError", "ShutdownError",
+    "DuplicateNameError", "CollectiveError",
 ]

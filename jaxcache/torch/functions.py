@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import pickle
 from collections.abc import Mapping
 
 import torch
 
 from .. import runtime as _runtime
+from ..compat import objects, process_sets
+from ..compat.process_sets import global_process_set
 from . import ops
 
 
@@ -30,8 +31,8 @@ def agree(tag: str, items: list[str], fn: str, what: str) -> None:
     rows = {tuple(r) for r in gathered.tolist()}
     if len(rows) == 1:
         return
-    reference = broadcast_object(items if _runtime.rank() == 0 else None, 0,
-                                 name=f"torch.agree/{tag}.items")
+    reference = objects.broadcast_object(items if _runtime.rank() == 0 else None, 0,
+                                         f"torch.agree/{tag}.items", f"torch.{fn}")
     missing = [x for x in reference if x not in set(items)]
     extra = [x for x in items if x not in set(reference)]
     differing = [r for r, row in enumerate(gathered.tolist()) if tuple(row) != tuple(gathered[0].tolist())]
@@ -47,20 +48,17 @@ def agree(tag: str, items: list[str], fn: str, what: str) -> None:
     )
 
 
-def broadcast_object(obj=None, root_rank: int = 0, name: str | None = None):
-    """`root_rank`'s picklable `obj`, on every rank (two small broadcasts)."""
-    _runtime.require_initialized("jaxcache.torch.broadcast_object")
-    root = ops.check_root(root_rank, "broadcast_object")
-    ops.check_name(name, "broadcast_object")
-    base = name or "torch.broadcast_object"
-    is_root = _runtime.rank() == root
-    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if is_root else b""
-    length = torch.tensor([len(payload)], dtype=torch.int64)
-    ops.synchronize(ops.submit(ops.KIND_BROADCAST, f"{base}.len", [length], inplace=True, root=root))
-    n = int(length.item())
-    buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if is_root else torch.empty(n, dtype=torch.uint8)
-    ops.synchronize(ops.submit(ops.KIND_BROADCAST, f"{base}.data", [buf], inplace=True, root=root))
-    return obj if is_root else pickle.loads(buf.numpy().tobytes())
+def broadcast_object(obj=None, root_rank: int = 0, name: str | None = None,
+                     process_set=global_process_set):
+    """`root_rank`'s picklable `obj` on every rank (its length, then its bytes)."""
+    process_sets.check(process_set, "torch.broadcast_object")
+    return objects.broadcast_object(obj, root_rank, name or "torch.broadcast_object",
+                                    "torch.broadcast_object")
+
+
+def allgather_object(obj, name: str | None = None) -> list:
+    """Every rank's picklable `obj`, as a list in rank order (objects may differ in size)."""
+    return objects.allgather_object(obj, name or "torch.allgather_object", "torch.allgather_object")
 
 
 def _signature(t: torch.Tensor) -> str:
@@ -81,11 +79,14 @@ def _named_items(params, fn: str) -> list[tuple[str, torch.Tensor]]:
                 f"or an iterable of (name, tensor) pairs such as named_parameters(); got "
                 f"{type(params).__name__}"
             ) from None
+        if items and all(isinstance(item, torch.Tensor) for item in items):
+            # model.parameters(): positional names, as Horovod accepts a list of parameters.
+            items = [(f"param.{i:06d}", t) for i, t in enumerate(items)]
         for i, item in enumerate(items):
             if not (isinstance(item, tuple) and len(item) == 2):
                 raise TypeError(
                     f"jaxcache.torch.{fn}: item {i} of params is a {type(item).__name__}, not a "
-                    "(name, tensor) pair; pass named_parameters() or a state_dict"
+                    "(name, tensor) pair; pass named_parameters(), parameters() or a state_dict"
                 )
     seen = set()
     for key, value in items:
@@ -101,9 +102,10 @@ def _named_items(params, fn: str) -> list[tuple[str, torch.Tensor]]:
 def broadcast_parameters(params, root_rank: int = 0) -> None:
     """Overwrites, in place, every tensor of `params` with `root_rank`'s value.
 
-    params: a state_dict (model.state_dict(): parameters and buffers), a module, or an
-    iterable of (name, tensor) pairs (model.named_parameters()). Every rank must pass the
-    same names, shapes and dtypes (checked; a mismatch raises ValueError on every rank).
+    params: a state_dict (model.state_dict(): parameters and buffers), a module, an iterable
+    of (name, tensor) pairs (model.named_parameters()) or of tensors (model.parameters()).
+    Every rank must pass the same names, shapes and dtypes (checked; a mismatch raises
+    ValueError on every rank).
     """
     _runtime.require_initialized("jaxcache.torch.broadcast_parameters")
     root = ops.check_root(root_rank, "broadcast_parameters")
@@ -181,11 +183,12 @@ def _fill(obj, tensors: list):
     return obj
 
 
-def broadcast_optimizer_state(optimizer, root_rank: int = 0) -> None:
+def broadcast_optimizer_state(optimizer, root_rank: int = 0, model=None) -> None:
     """Gives every rank `root_rank`'s optimizer state and hyperparameters (load_state_dict).
 
     Works whether or not the optimizers have stepped yet (the state's structure comes from
-    the root). Every rank's optimizer must hold the same parameters (checked).
+    the root; no zero-gradient step is taken). Every rank's optimizer must hold the same
+    parameters (checked). `model` (Horovod's hint for sparse parameters) is not needed.
     """
     _runtime.require_initialized("jaxcache.torch.broadcast_optimizer_state")
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -218,4 +221,4 @@ def broadcast_optimizer_state(optimizer, root_rank: int = 0) -> None:
         optimizer.load_state_dict(_fill(skeleton, buffers))
 
 
-__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object"]
+__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object"]

@@ -21,7 +21,9 @@ import torch
 
 from .. import runtime as _runtime
 from .._ext import ext
-from ..errors import raise_for_status
+from ..compat import pending, process_sets, reduce_ops
+from ..compat.process_sets import global_process_set
+from ..errors import MismatchError, raise_for_status
 from ..ops import naming, validation
 from ..ops.eager import DTYPE_CODES as _NP_DTYPE_CODES
 
@@ -81,10 +83,6 @@ def check_root(root_rank, fn: str) -> int:
 
 def check_name(name, fn: str) -> None:
     validation.check_name(name, f"torch.{fn}")
-
-
-def check_op(op, fn: str) -> str:
-    return validation.check_op(op, f"torch.{fn}")
 
 
 def reduce_args(op: str, prescale: float, postscale: float) -> tuple[int, float, float]:
@@ -167,12 +165,13 @@ def _bump_version(t: torch.Tensor) -> None:
 class Handle:
     """An in-flight request; pass it to `synchronize()` (or `poll()`)."""
 
-    __slots__ = ("name", "_native", "_inputs", "_outputs", "_results", "_targets", "_copy_back",
-                 "_auto", "_single", "_bump", "_done", "_result", "__weakref__")
+    __slots__ = ("name", "kind", "_native", "_inputs", "_outputs", "_results", "_targets",
+                 "_copy_back", "_auto", "_single", "_bump", "_done", "_result", "__weakref__")
 
     def __init__(self, name: str, native, inputs: list, outputs: list, results: list, targets,
                  copy_back, auto: bool, single: bool, bump: bool):
         self.name = name
+        self.kind = KIND_ALLREDUCE
         self._native = native
         self._inputs = inputs  # referenced until completion: the runtime reads/writes them
         self._outputs = outputs
@@ -273,14 +272,20 @@ def submit(kind: int, name: str, tensors: Sequence[torch.Tensor], *, inplace: bo
         raise
     handle = Handle(name, native, inputs, outputs, results, tensors, copy_back, auto_name, single,
                     bump and inplace)
+    handle.kind = kind
     with _lock:
         _outstanding[id(handle)] = handle
     return handle
 
 
-def synchronize(handle: Handle):
-    """Waits for `handle` and returns its result; raises the mapped jaxcache error on failure."""
+def synchronize(handle):
+    """Waits for `handle` and returns its result; raises the mapped jaxcache error on failure.
+
+    Also accepts the callable handles of sparse_allreduce_async (Horovod's convention).
+    """
     if not isinstance(handle, Handle):
+        if callable(handle):
+            return handle()
         raise TypeError(f"jaxcache.torch.synchronize: expected a Handle, got {type(handle).__name__}")
     if handle._done:
         return handle._result
@@ -289,14 +294,22 @@ def synchronize(handle: Handle):
     handle._native = None
     _release(handle)
     try:
-        raise_for_status(status, message)
+        try:
+            raise_for_status(status, message)
+        except MismatchError as e:
+            if handle.kind == KIND_ALLGATHER and pending.is_uneven_first_dim(str(e)):
+                pending.uneven_allgather("jaxcache.torch.allgather", e)
+            raise
         handle._result = handle._finish()
     finally:
         handle._inputs = handle._outputs = handle._copy_back = handle._targets = handle._results = None
     return handle._result
 
 
-def poll(handle: Handle) -> bool:
+def poll(handle) -> bool:
+    """True once the collective of `handle` has completed (synchronize() then returns at once)."""
+    if callable(handle) and not isinstance(handle, Handle):
+        return True  # sparse_allreduce_async's callable: its collectives run when it is called
     if not isinstance(handle, Handle):
         raise TypeError(f"jaxcache.torch.poll: expected a Handle, got {type(handle).__name__}")
     return handle.poll()
@@ -322,8 +335,10 @@ def outstanding() -> int:
         return len(_outstanding)
 
 
+
 # ---------------------------------------------------------------------------------------------
-# Public collectives
+# Public collectives (Horovod's signatures; jaxcache's op strings and prescale/postscale spellings
+# remain valid). The differentiable allreduce/allgather/broadcast are in collectives.py.
 
 
 def _name_or_auto(name, kind: str, fn: str) -> tuple[str, bool]:
@@ -333,9 +348,19 @@ def _name_or_auto(name, kind: str, fn: str) -> tuple[str, bool]:
     return name, False
 
 
-def _allreduce_submit(tensors, op, name, prescale, postscale, fn, inplace, single):
+def reduce_spec(fn: str, op, average, prescale_factor, postscale_factor, prescale, postscale,
+                process_set) -> tuple[str, float, float]:
+    """(op string, prescale, postscale) from Horovod's and jaxcache's argument spellings."""
+    process_sets.check(process_set, f"torch.{fn}")
+    op = reduce_ops.resolve(op, average, f"torch.{fn}")
+    pre, post = reduce_ops.scales(prescale_factor, postscale_factor, prescale, postscale, f"torch.{fn}")
+    return op, pre, post
+
+
+def allreduce_submit(tensors, op: str, name, prescale, postscale, fn: str, inplace: bool,
+                     single: bool) -> Handle:
+    """Validates and submits one allreduce request (op is a jaxcache op string)."""
     _runtime.require_initialized(f"jaxcache.torch.{fn}")
-    op = check_op(op, fn)
     many = not single
     for i, t in enumerate(tensors):
         if many:
@@ -350,108 +375,166 @@ def _allreduce_submit(tensors, op, name, prescale, postscale, fn, inplace, singl
                   postscale=post, auto_name=auto, single=single)
 
 
-def allreduce_async(tensor, op: str = "average", name: str | None = None, prescale: float = 1.0,
-                    postscale: float = 1.0) -> Handle:
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set, *, prescale=None,
+                    postscale=None) -> Handle:
     """Starts an allreduce of `tensor` into a new tensor; `synchronize(handle)` returns it.
 
-    op: 'average' (default), 'sum', 'min', 'max' or 'prod'. prescale multiplies the input
-    before the reduction, postscale the result. Every rank must use the same name (default:
+    op: Average (default), Sum, Min, Max, Product, or 'average', 'sum', 'min', 'max', 'prod'.
+    prescale_factor multiplies the input before the reduction, postscale_factor the result
+    (`prescale=`/`postscale=` are accepted too). Every rank must use the same name (default:
     derived from the call site) for the same collective.
     """
-    return _allreduce_submit([tensor], op, name, prescale, postscale, "allreduce_async", False, True)
+    op, pre, post = reduce_spec("allreduce_async", op, average, prescale_factor, postscale_factor,
+                                prescale, postscale, process_set)
+    return allreduce_submit([tensor], op, name, pre, post, "allreduce_async", False, True)
 
 
-def allreduce(tensor, op: str = "average", name: str | None = None, prescale: float = 1.0,
-              postscale: float = 1.0) -> torch.Tensor:
-    """The reduction of `tensor` over all ranks, as a new tensor."""
-    return synchronize(_allreduce_submit([tensor], op, name, prescale, postscale, "allreduce",
-                                         False, True))
-
-
-def allreduce_async_(tensor, op: str = "average", name: str | None = None, prescale: float = 1.0,
-                     postscale: float = 1.0) -> Handle:
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set, *, prescale=None,
+                     postscale=None) -> Handle:
     """In-place allreduce_async: the result is written into `tensor`."""
-    return _allreduce_submit([tensor], op, name, prescale, postscale, "allreduce_async_", True, True)
+    op, pre, post = reduce_spec("allreduce_async_", op, average, prescale_factor, postscale_factor,
+                                prescale, postscale, process_set)
+    return allreduce_submit([tensor], op, name, pre, post, "allreduce_async_", True, True)
 
 
-def allreduce_(tensor, op: str = "average", name: str | None = None, prescale: float = 1.0,
-               postscale: float = 1.0) -> torch.Tensor:
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set, *, prescale=None,
+               postscale=None) -> torch.Tensor:
     """In-place allreduce: reduces `tensor` over all ranks into itself and returns it."""
-    return synchronize(_allreduce_submit([tensor], op, name, prescale, postscale, "allreduce_",
-                                         True, True))
+    op, pre, post = reduce_spec("allreduce_", op, average, prescale_factor, postscale_factor,
+                                prescale, postscale, process_set)
+    return synchronize(allreduce_submit([tensor], op, name, pre, post, "allreduce_", True, True))
 
 
-def _as_list(tensors, fn: str) -> list:
+def as_list(tensors, fn: str) -> list:
     if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
         raise TypeError(f"jaxcache.torch.{fn}: tensors must be a list or tuple of tensors, got "
                         f"{type(tensors).__name__}")
     return list(tensors)
 
 
-def grouped_allreduce_async(tensors, op: str = "average", name: str | None = None,
-                            prescale: float = 1.0, postscale: float = 1.0) -> Handle:
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set, *, prescale=None,
+                            postscale=None) -> Handle:
     """One atomic request reducing every tensor of the list; synchronize() returns a list."""
-    tensors = _as_list(tensors, "grouped_allreduce_async")
-    return _allreduce_submit(tensors, op, name, prescale, postscale, "grouped_allreduce_async",
-                             False, False)
+    tensors = as_list(tensors, "grouped_allreduce_async")
+    op, pre, post = reduce_spec("grouped_allreduce_async", op, average, prescale_factor,
+                                postscale_factor, prescale, postscale, process_set)
+    return allreduce_submit(tensors, op, name, pre, post, "grouped_allreduce_async", False, False)
 
 
-def grouped_allreduce(tensors, op: str = "average", name: str | None = None, prescale: float = 1.0,
-                      postscale: float = 1.0) -> list[torch.Tensor]:
-    """Reduces a list of tensors as one atomic, fused request; returns new tensors."""
-    tensors = _as_list(tensors, "grouped_allreduce")
-    return synchronize(_allreduce_submit(tensors, op, name, prescale, postscale, "grouped_allreduce",
-                                         False, False))
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set, *,
+                             prescale=None, postscale=None) -> Handle:
+    """In-place grouped_allreduce_async."""
+    tensors = as_list(tensors, "grouped_allreduce_async_")
+    op, pre, post = reduce_spec("grouped_allreduce_async_", op, average, prescale_factor,
+                                postscale_factor, prescale, postscale, process_set)
+    return allreduce_submit(tensors, op, name, pre, post, "grouped_allreduce_async_", True, False)
 
 
-def grouped_allreduce_(tensors, op: str = "average", name: str | None = None, prescale: float = 1.0,
-                       postscale: float = 1.0) -> list[torch.Tensor]:
-    """In-place grouped_allreduce."""
-    tensors = _as_list(tensors, "grouped_allreduce_")
-    return synchronize(_allreduce_submit(tensors, op, name, prescale, postscale, "grouped_allreduce_",
-                                         True, False))
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set, *, prescale=None,
+                       postscale=None) -> list[torch.Tensor]:
+    """In-place grouped_allreduce: reduces each tensor into itself; returns them."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set, prescale=prescale,
+                                                postscale=postscale))
 
 
-def _broadcast_submit(tensor, root_rank, name, fn, inplace):
+def broadcast_submit(tensors, root_rank, name, fn: str, inplace: bool, single: bool = True) -> Handle:
     _runtime.require_initialized(f"jaxcache.torch.{fn}")
-    check_tensor(tensor, fn, f"tensor {name!r}" if name else "tensor")
+    for i, t in enumerate(tensors):
+        what = (f"tensor {name!r}" if name else "tensor") if single else f"tensors[{i}]"
+        check_tensor(t, fn, what)
     root = check_root(root_rank, fn)
     name, auto = _name_or_auto(name, "broadcast", fn)
-    return submit(KIND_BROADCAST, name, [tensor], inplace=inplace, root=root, auto_name=auto)
+    return submit(KIND_BROADCAST, name, tensors, inplace=inplace, root=root, auto_name=auto,
+                  single=single)
 
 
-def broadcast_async(tensor, root_rank: int = 0, name: str | None = None) -> Handle:
-    return _broadcast_submit(tensor, root_rank, name, "broadcast_async", False)
+def broadcast_async(tensor, root_rank=0, name=None, process_set=global_process_set) -> Handle:
+    """Starts a broadcast of root_rank's `tensor` into a new tensor."""
+    process_sets.check(process_set, "torch.broadcast_async")
+    return broadcast_submit([tensor], root_rank, name, "broadcast_async", False)
 
 
-def broadcast(tensor, root_rank: int = 0, name: str | None = None) -> torch.Tensor:
-    """`root_rank`'s value of `tensor`, as a new tensor on every rank."""
-    return synchronize(_broadcast_submit(tensor, root_rank, name, "broadcast", False))
+def broadcast_async_(tensor, root_rank=0, name=None, process_set=global_process_set) -> Handle:
+    """In-place broadcast_async: `tensor` is overwritten with root_rank's value."""
+    process_sets.check(process_set, "torch.broadcast_async_")
+    return broadcast_submit([tensor], root_rank, name, "broadcast_async_", True)
 
 
-def broadcast_async_(tensor, root_rank: int = 0, name: str | None = None) -> Handle:
-    return _broadcast_submit(tensor, root_rank, name, "broadcast_async_", True)
-
-
-def broadcast_(tensor, root_rank: int = 0, name: str | None = None) -> torch.Tensor:
+def broadcast_(tensor, root_rank=0, name=None, process_set=global_process_set) -> torch.Tensor:
     """In-place broadcast: overwrites `tensor` with `root_rank`'s value and returns it."""
-    return synchronize(_broadcast_submit(tensor, root_rank, name, "broadcast_", True))
+    process_sets.check(process_set, "torch.broadcast_")
+    return synchronize(broadcast_submit([tensor], root_rank, name, "broadcast_", True))
 
 
-def _allgather_submit(tensor, name, fn):
+def allgather_submit(tensors, name, fn: str, single: bool = True) -> Handle:
     _runtime.require_initialized(f"jaxcache.torch.{fn}")
-    check_tensor(tensor, fn, f"tensor {name!r}" if name else "tensor")
+    for i, t in enumerate(tensors):
+        what = (f"tensor {name!r}" if name else "tensor") if single else f"tensors[{i}]"
+        check_tensor(t, fn, what)
     name, auto = _name_or_auto(name, "allgather", fn)
-    return submit(KIND_ALLGATHER, name, [tensor], inplace=False, auto_name=auto)
+    return submit(KIND_ALLGATHER, name, tensors, inplace=False, auto_name=auto, single=single)
 
 
-def allgather_async(tensor, name: str | None = None) -> Handle:
-    return _allgather_submit(tensor, name, "allgather_async")
+def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
+    """Starts an allgather: every rank's `tensor` concatenated along dim 0, in rank order."""
+    process_sets.check(process_set, "torch.allgather_async")
+    return allgather_submit([tensor], name, "allgather_async")
 
 
-def allgather(tensor, name: str | None = None) -> torch.Tensor:
-    """Every rank's `tensor` concatenated along dim 0 in rank order (a scalar gives a vector).
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
+    """One atomic allgather of every tensor of the list; synchronize() returns a list."""
+    process_sets.check(process_set, "torch.grouped_allgather_async")
+    tensors = as_list(tensors, "grouped_allgather_async")
+    return allgather_submit(tensors, name, "grouped_allgather_async", single=False)
 
-    All ranks must pass the same shape.
-    """
-    return synchronize(_allgather_submit(tensor, name, "allgather"))
+
+# --- pending names (runtime support arrives with issue 13); same signatures as Horovod --------
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Horovod's alltoall_async (pending: issue 13)."""
+    process_sets.check(process_set, "torch.alltoall_async")
+    check_tensor(tensor, "alltoall_async", "tensor")
+    check_name(name, "alltoall_async")
+    pending.alltoall("jaxcache.torch.alltoall_async")
+
+
+def reducescatter_async(tensor, name=None, op=reduce_ops.Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0):
+    """Horovod's reducescatter_async (pending: issue 13)."""
+    op, pre, post = reduce_spec("reducescatter_async", op, None, prescale_factor, postscale_factor,
+                                None, None, process_set)
+    check_tensor(tensor, "reducescatter_async", "tensor")
+    check_reduction(tensor, op, pre, post, "reducescatter_async", "tensor")
+    pending.reducescatter("jaxcache.torch.reducescatter_async")
+
+
+def grouped_reducescatter_async(tensors, name=None, op=reduce_ops.Average,
+                                process_set=global_process_set, prescale_factor=1.0,
+                                postscale_factor=1.0):
+    """Horovod's grouped_reducescatter_async (pending: issue 13)."""
+    op, pre, post = reduce_spec("grouped_reducescatter_async", op, None, prescale_factor,
+                                postscale_factor, None, None, process_set)
+    for i, t in enumerate(as_list(tensors, "grouped_reducescatter_async")):
+        check_tensor(t, "grouped_reducescatter_async", f"tensors[{i}]")
+    pending.reducescatter("jaxcache.torch.grouped_reducescatter_async")
+
+
+def join(device=-1) -> int:
+    """Horovod's join (pending: issue 13): this rank has no more data."""
+    _runtime.require_initialized("jaxcache.torch.join")
+    return pending.join("jaxcache.torch.join")
+
+
+def barrier(process_set=global_process_set) -> None:
+    """Blocks until every rank of `process_set` reaches it."""
+    process_sets.check(process_set, "torch.barrier")
+    _runtime.require_initialized("jaxcache.torch.barrier")
+    pending.barrier("jaxcache.torch.barrier")

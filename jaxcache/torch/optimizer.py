@@ -3,25 +3,45 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 
 from .. import grouping
 from .. import runtime as _runtime
+from ..compat import process_sets, reduce_ops
+from ..compat.process_sets import global_process_set
 from . import ops
+from . import compression as _compression
+from .compression import Compression
 from .functions import agree
+from .sparse import sparse_allreduce_async
+
+
+class OptimizerStateError(RuntimeError, AssertionError):
+    """Misuse of DistributedOptimizer's step protocol (Horovod raises AssertionError here)."""
 
 
 class _Unit:
     """One named request: a single parameter's gradient, or a group of them."""
 
-    __slots__ = ("name", "indices", "ready", "handle")
+    __slots__ = ("name", "indices", "ready", "submitted", "handle", "members", "sparse")
 
     def __init__(self, name: str, indices: list[int]):
         self.name = name
         self.indices = indices
         self.ready = 0  # members whose gradient is final for this step
+        self.submitted = False
+        self.handle = None  # the dense request
+        self.members = []  # (index, compressed/densified copy, compression ctx, grad was sparse)
+        self.sparse = []  # (index, callable returning the reduced sparse gradient)
+
+    def reset(self) -> None:
+        self.ready = 0
+        self.submitted = False
         self.handle = None
+        self.members = []
+        self.sparse = []
 
 
 class _DistributedMixin:
@@ -29,16 +49,26 @@ class _DistributedMixin:
 
     # --- setup -----------------------------------------------------------------------------
 
-    def _jc_setup(self, named_parameters, op, groups, backward_passes_per_step, name_prefix):
+    def _jc_setup(self, named_parameters, compression, backward_passes_per_step, op,
+                  gradient_predivide_factor, groups, sparse_as_dense, process_set, name_prefix):
         fn = "DistributedOptimizer"
-        self._jc_op = ops.check_op(op, fn)
+        process_sets.check(process_set, f"torch.{fn}")
+        self._jc_op = reduce_ops.to_name(op, f"torch.{fn}")
+        pre, post = reduce_ops.predivide(self._jc_op, gradient_predivide_factor, f"torch.{fn}")
         if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
                 or backward_passes_per_step < 1:
             raise ValueError(f"jaxcache.torch.{fn}: backward_passes_per_step must be an int >= 1, got "
                              f"{backward_passes_per_step!r}")
+        _compression.check(compression, fn)
         if not isinstance(name_prefix, str) or not name_prefix:
             raise TypeError(f"jaxcache.torch.{fn}: name_prefix must be a non-empty str")
         self._jc_k = backward_passes_per_step
+        self.backward_passes_per_step = backward_passes_per_step
+        self._jc_compression = compression
+        self._jc_identity = compression is Compression.none or isinstance(compression, Compression.none)
+        self._jc_sparse_as_dense = bool(sparse_as_dense)
+        self.op, self.gradient_predivide_factor = op, gradient_predivide_factor
+        self.sparse_as_dense, self.process_set = bool(sparse_as_dense), process_set
 
         all_params = [p for group in self.param_groups for p in group["params"]]
         names = self._jc_names(all_params, named_parameters, fn)
@@ -46,7 +76,7 @@ class _DistributedMixin:
         for p in params:
             what = f"parameter {names[id(p)]!r}"
             ops.check_tensor(p, fn, what)
-            ops.check_reduction(p, self._jc_op, 1.0, 1.0, fn, what)
+            ops.check_reduction(p, self._jc_op, pre, post, fn, what)
         self._jc_params = params
         self._jc_param_names = [names[id(p)] for p in params]
         index_of = {id(p): i for i, p in enumerate(params)}
@@ -66,7 +96,7 @@ class _DistributedMixin:
         self._jc_pending: list[_Unit] = []
         self._jc_synced = False
         self._jc_skip_sync = False
-        self._jc_op_code, self._jc_pre, self._jc_post = ops.reduce_args(self._jc_op, 1.0, 1.0)
+        self._jc_op_code, self._jc_pre, self._jc_post = ops.reduce_args(self._jc_op, pre, post)
 
         # Every rank must build the same requests: check once, fail on every rank if not.
         layout = sorted(
@@ -162,7 +192,7 @@ class _DistributedMixin:
     def _jc_on_grad(self, i: int) -> None:
         count = self._jc_counts[i] + 1
         if count > self._jc_k:
-            raise RuntimeError(
+            raise OptimizerStateError(
                 f"jaxcache.torch.DistributedOptimizer: the gradient of {self._jc_param_names[i]!r} was "
                 f"computed {count} times before step()/synchronize(), but backward_passes_per_step="
                 f"{self._jc_k}; raise backward_passes_per_step or call step() after each accumulation"
@@ -176,7 +206,7 @@ class _DistributedMixin:
                 self._jc_submit(unit)
 
     def _jc_submit(self, unit: _Unit) -> None:
-        tensors = []
+        dense = []
         for i in unit.indices:
             p = self._jc_params[i]
             g = p.grad
@@ -184,13 +214,38 @@ class _DistributedMixin:
                 # No gradient on this rank (unused parameter): contribute zeros so that the
                 # collective still matches the other ranks'.
                 g = p.grad = torch.zeros_like(p)
-            elif g.layout != torch.strided:
-                g = p.grad = g.to_dense()
-            tensors.append(g)
-        unit.handle = ops.submit(ops.KIND_ALLREDUCE, unit.name, tensors, inplace=True,
-                                 op=self._jc_op_code, prescale=self._jc_pre, postscale=self._jc_post,
-                                 single=False, bump=False)
+            was_sparse = g.layout != torch.strided
+            if was_sparse and not self._jc_sparse_as_dense:
+                name = f"{unit.name}/sparse/{self._jc_param_names[i]}" if len(unit.indices) > 1 else unit.name
+                unit.sparse.append((i, sparse_allreduce_async(g, name, self._jc_op)))
+                continue
+            if was_sparse:
+                g = g.to_dense()
+            if self._jc_identity and not was_sparse:
+                dense.append(g)  # reduced in place in the gradient's own memory
+                continue
+            c, ctx = self._jc_compression.compress(g)
+            dense.append(c)
+            unit.members.append((i, c, ctx, was_sparse))
+        if dense:
+            unit.handle = ops.submit(ops.KIND_ALLREDUCE, unit.name, dense, inplace=True,
+                                     op=self._jc_op_code, prescale=self._jc_pre,
+                                     postscale=self._jc_post, single=False, bump=False)
+        unit.submitted = True
         self._jc_pending.append(unit)
+
+    def _jc_finish(self, unit: _Unit) -> None:
+        if unit.handle is not None:
+            ops.synchronize(unit.handle)
+        for i, c, ctx, was_sparse in unit.members:  # compressed or densified copies only
+            p = self._jc_params[i]
+            g = self._jc_compression.decompress(c, ctx)
+            if was_sparse:
+                p.grad = g.to_sparse()
+            else:
+                p.grad.copy_(g)
+        for i, result in unit.sparse:
+            self._jc_params[i].grad = result()
 
     # --- public API ------------------------------------------------------------------------
 
@@ -198,17 +253,16 @@ class _DistributedMixin:
         """Submits the gradients whose hooks did not fire (zeros where a rank has none) and waits
         for every outstanding reduction; p.grad then holds the reduced gradient on every rank."""
         for unit in self._jc_units:
-            if unit.handle is None:
+            if not unit.submitted:
                 self._jc_submit(unit)
         error = None
         for unit in self._jc_pending:
             try:
-                ops.synchronize(unit.handle)
+                self._jc_finish(unit)
             except Exception as e:  # noqa: BLE001 - raised after every handle is waited for
                 if error is None:
                     error = e
-            unit.handle = None
-            unit.ready = 0
+            unit.reset()
         self._jc_pending = []
         self._jc_counts = [0] * len(self._jc_params)
         self._jc_synced = True
@@ -242,7 +296,7 @@ class _DistributedMixin:
 
     def zero_grad(self, set_to_none: bool = True):
         if self._jc_pending:
-            raise RuntimeError(
+            raise OptimizerStateError(
                 "jaxcache.torch.DistributedOptimizer: zero_grad() was called while gradient "
                 "reductions are in flight (after backward() and before step() or synchronize()); "
                 "call step() (or synchronize()) first"
@@ -251,6 +305,28 @@ class _DistributedMixin:
         for unit in self._jc_units:
             unit.ready = 0
         return super().zero_grad(set_to_none=set_to_none)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Changes the number of local accumulation passes before each reduction."""
+        if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+            raise ValueError(f"jaxcache.torch.DistributedOptimizer: backward_passes_per_step must be "
+                             f"an int >= 1, got {passes!r}")
+        if self._jc_pending:
+            raise OptimizerStateError("jaxcache.torch.DistributedOptimizer: "
+                                      "set_backward_passes_per_step() while reductions are in flight; "
+                                      "call step() or synchronize() first")
+        self._jc_k = self.backward_passes_per_step = passes
+        self._jc_counts = [0] * len(self._jc_params)
+
+    def load_state_dict(self, state_dict):
+        if self._jc_pending:
+            raise OptimizerStateError("jaxcache.torch.DistributedOptimizer: load_state_dict() while "
+                                      "reductions are in flight; call step() or synchronize() first")
+        self._jc_counts = [0] * len(self._jc_params)
+        for unit in self._jc_units:
+            unit.reset()
+        self._jc_synced = False
+        return super().load_state_dict(state_dict)
 
     def add_param_group(self, param_group):
         raise RuntimeError(
@@ -265,27 +341,37 @@ class _DistributedMixin:
         self._jc_hooks = []
 
 
-def DistributedOptimizer(optimizer, named_parameters=None, op: str = "average", groups=None,
-                         backward_passes_per_step: int = 1, name_prefix: str = "grad"):
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step: int = 1, op=reduce_ops.Average,
+                         gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups=None,
+                         sparse_as_dense: bool = False, process_set=global_process_set, *,
+                         name_prefix: str = "grad"):
     """Wraps a torch optimizer so that step() applies gradients reduced over all ranks.
 
-    A hook on every trainable parameter submits its gradient (in place, asynchronously) as
-    soon as backward has accumulated it, so communication overlaps the rest of backward;
-    step() (or synchronize()) waits for all of them, then runs the wrapped optimizer.
+    A hook on every trainable parameter submits its gradient (asynchronously, in place when
+    uncompressed) as soon as backward has accumulated it `backward_passes_per_step` times, so
+    communication overlaps the rest of backward; step() (or synchronize()) waits for all of
+    them, then runs the wrapped optimizer.
 
     named_parameters: model.named_parameters(); the names name the collectives, so they must
         be unique (ValueError otherwise) and identical on every rank. Default: positional names.
-    op: 'average' (default) or 'sum' (also 'min', 'max', 'prod').
+    compression: Compression.none (default), .fp16 or .bf16 (floating gradients travel cast).
+    op: Average (default) or Sum (also Min, Max, Product; jaxcache's op strings work too).
+    gradient_predivide_factor: with op=Average, gradients are scaled by 1/f before the sum and
+        f/size after it.
+    num_groups: deprecated spelling of an int `groups`.
     groups: None (one request per parameter; the runtime still fuses small ones), an int n
         (n contiguous groups in the optimizer's parameter order) or a list of lists of
         parameters; a group is one atomic request, submitted when its last gradient is ready.
-    backward_passes_per_step: local accumulation steps before the reduction.
+    sparse_as_dense: reduce sparse gradients densely (they are made sparse again after); else
+        their indices and values are allgathered (every rank must produce a sparse gradient
+        for such a parameter; a rank without one raises MismatchError, on every rank).
 
-    To change gradients before the update (e.g. clip_grad_norm_), call synchronize() first:
-    until then the reductions may still be writing them; step() then does not reduce again.
-    A parameter without a gradient on some rank contributes zeros; after step() every
-    trainable parameter has a gradient (the reduced one). The returned object is an instance
-    of a subclass of the optimizer's class sharing its state; use it instead of the original.
+    To change gradients before the update (e.g. clip_grad_norm_), call synchronize() first,
+    then step() inside `with opt.skip_synchronize():` (step() after synchronize() does not
+    reduce again either way). A parameter without a gradient on some rank contributes zeros.
+    zero_grad() while reductions are in flight raises. The returned object is an instance of a
+    subclass of the optimizer's class sharing its state; use it instead of the original.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"jaxcache.torch.DistributedOptimizer: expected a torch.optim.Optimizer, got "
@@ -293,9 +379,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, op: str = "average", 
     if isinstance(optimizer, _DistributedMixin):
         raise ValueError("jaxcache.torch.DistributedOptimizer: this optimizer is already distributed")
     _runtime.require_initialized("jaxcache.torch.DistributedOptimizer")
+    if num_groups:
+        warnings.warn("jaxcache.torch.DistributedOptimizer: num_groups is deprecated (as in Horovod); "
+                      "use groups=", DeprecationWarning, stacklevel=2)
+        if groups is None:
+            groups = num_groups
     base = type(optimizer)
     cls = type(base.__name__, (_DistributedMixin, base), {"__module__": base.__module__})
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)
-    wrapped._jc_setup(named_parameters, op, groups, backward_passes_per_step, name_prefix)
+    wrapped._jc_setup(named_parameters, compression, backward_passes_per_step, op,
+                      gradient_predivide_factor, groups, sparse_as_dense, process_set, name_prefix)
     return wrapped

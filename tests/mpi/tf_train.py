@@ -1,6 +1,6 @@
 """DistributedGradientTape: 20 steps on rank-sharded data == one process on the whole batch.
 
-The model has an embedding (IndexedSlices gradient, densified) and an unused variable (no
+The model has an embedding (IndexedSlices gradient, allgathered) and an unused variable (no
 gradient). Eager and tf.function, per-tensor and grouped requests. Variables end bitwise
 identical on every rank and equal, to float tolerance, to a single-process reference
 computed in the same program.

@@ -59,7 +59,8 @@ raises(TypeError, r"tensors must be a list or tuple", jct.grouped_allreduce, x)
 raises(TypeError, r"expected a Handle", jct.synchronize, 3)
 raises(ValueError, r"root=%d is outside" % SIZE, jct.broadcast_parameters, {"w": x}, root_rank=SIZE)
 raises(TypeError, r"parameter 'w' must be a torch.Tensor, got float", jct.broadcast_parameters, {"w": 1.0})
-raises(TypeError, r"item 0 of params is a Tensor", jct.broadcast_parameters, [x])
+raises(TypeError, r"item 1 of params is a int, not a \(name, tensor\) pair", jct.broadcast_parameters,
+       [("w", x), 3])
 raises(ValueError, r"parameter name 'w' appears twice", jct.broadcast_parameters, [("w", x), ("w", x)])
 raises(TypeError, r"expected a torch.optim.Optimizer, got Linear", jct.broadcast_optimizer_state,
        torch.nn.Linear(2, 2))

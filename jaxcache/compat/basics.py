@@ -1,0 +1,194 @@
+"""Horovod's process functions (hvd.init, rank, cross_rank, mpi_built, ...) for the bridges."""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import runtime as _runtime
+from .._ext import ext
+from ..errors import JaxcacheError, raise_for_status
+from ..ops.eager import DTYPE_CODES, KIND_ALLGATHER
+from . import pending, process_sets
+
+HorovodInternalError = JaxcacheError  # what Horovod code catches around collectives
+
+
+class NotInitializedError(ValueError, RuntimeError):
+    """Raised by the query functions before init(): Horovod raises ValueError, jaxcache RuntimeError."""
+
+
+# (cross_rank, cross_size, is_homogeneous), learned collectively by init().
+_topology: tuple[int, int, bool] | None = None
+
+
+def _communicator(comm):
+    if comm is None:
+        return MPI.COMM_WORLD
+    if isinstance(comm, MPI.Comm):
+        return comm
+    try:
+        ranks = sorted(set(comm))
+    except TypeError:
+        raise ValueError("jaxcache init: comm must be an mpi4py communicator or a list of ranks of "
+                         f"MPI.COMM_WORLD, got {type(comm).__name__}") from None
+    world = MPI.COMM_WORLD
+    if not ranks:
+        return world  # Horovod: an empty list means every rank
+    bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < world.size]
+    if bad:
+        raise ValueError(f"jaxcache init: comm lists {bad}, which are not ranks of MPI.COMM_WORLD "
+                         f"(size {world.size})")
+    if world.rank not in ranks:
+        raise ValueError(f"jaxcache init: this process (MPI.COMM_WORLD rank {world.rank}) is not in "
+                         f"comm={ranks}; only the listed ranks may call init(comm=ranks)")
+    group = world.Get_group().Incl(ranks)
+    try:
+        return world.Create_group(group)
+    finally:
+        group.Free()
+
+
+def init(comm=None, process_sets=None) -> None:
+    """Horovod's hvd.init(comm=None, process_sets=None) over jaxcache's runtime (collective).
+
+    comm: None (MPI.COMM_WORLD), an mpi4py communicator, or a list of COMM_WORLD ranks.
+    process_sets: only None (or an empty list) until process sets land (issue 14).
+    """
+    if process_sets is not None and (isinstance(process_sets, str) or len(list(process_sets))):
+        pending.process_sets(f"init(process_sets={process_sets!r})")
+    _runtime.init(_communicator(comm))
+    _learn_topology()
+
+
+def _learn_topology() -> None:
+    """One small allgather of (local_rank, local_size) through the runtime itself."""
+    global _topology
+    size = _runtime.size()
+    mine = np.array([_runtime.local_rank(), _runtime.local_size()], np.int64)
+    out = np.empty(2 * size, np.int64)
+    handle = ext.submit(KIND_ALLGATHER, "jaxcache.init/topology", [mine], [out], 0, 1.0, 1.0, 0,
+                        [DTYPE_CODES[np.dtype(np.int64)]])
+    raise_for_status(*handle.wait())
+    local_ranks, local_sizes = out[0::2].tolist(), out[1::2].tolist()
+    me, my_local = _runtime.rank(), local_ranks[_runtime.rank()]
+    # Horovod's cross communicator: the ranks that share this rank's local rank, in rank order.
+    peers = [r for r in range(size) if local_ranks[r] == my_local]
+    _topology = (peers.index(me), len(peers), len(set(local_sizes)) == 1)
+    process_sets.set_global_ranks(size)
+
+
+def shutdown() -> None:
+    global _topology
+    _topology = None
+    _runtime.shutdown()
+
+
+def is_initialized() -> bool:
+    return _runtime.is_initialized()
+
+
+def _require(fn: str) -> None:
+    if not _runtime.is_initialized():
+        raise NotInitializedError(f"jaxcache: {fn}() needs the runtime; call init() first (or "
+                                  "after shutdown(), init() again)")
+
+
+def rank() -> int:
+    _require("rank")
+    return _runtime.rank()
+
+
+def size() -> int:
+    _require("size")
+    return _runtime.size()
+
+
+def local_rank() -> int:
+    _require("local_rank")
+    return _runtime.local_rank()
+
+
+def local_size() -> int:
+    _require("local_size")
+    return _runtime.local_size()
+
+
+def _topo(fn: str) -> tuple[int, int, bool]:
+    _require(fn)
+    if _topology is None:
+        raise NotInitializedError(f"jaxcache: {fn}() is learned by the bridge's init(): call "
+                                  "jaxcache.torch.init() or jaxcache.tensorflow.init() (collective; "
+                                  "jaxcache.init() alone does not learn the node layout)")
+    return _topology
+
+
+def cross_rank() -> int:
+    """This rank's index among the ranks with the same local rank (its node's index)."""
+    return _topo("cross_rank")[0]
+
+
+def cross_size() -> int:
+    """The number of ranks with this rank's local rank (nodes, in a homogeneous job)."""
+    return _topo("cross_size")[1]
+
+
+def is_homogeneous() -> bool:
+    """True when every node runs the same number of ranks."""
+    return _topo("is_homogeneous")[2]
+
+
+def mpi_threads_supported() -> bool:
+    _require("mpi_threads_supported")
+    return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+
+
+def mpi_enabled() -> bool:
+    """MPI carries jaxcache's control and data planes whenever the runtime runs."""
+    return _runtime.is_initialized()
+
+
+def mpi_built() -> bool:
+    return True
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def nccl_built() -> int:
+    """0: jaxcache has no NCCL data path (Horovod returns NCCL's version code when built with it)."""
+    return 0
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    return False
+
+
+def rocm_built() -> bool:
+    return False
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Horovod's run-time timeline start (pending; JAXCACHE_TIMELINE works at init)."""
+    if not isinstance(file_path, str) or not file_path:
+        raise ValueError(f"jaxcache start_timeline: file_path must be a non-empty str, got {file_path!r}")
+    _require("start_timeline")
+    pending.timeline("start_timeline")
+
+
+def stop_timeline() -> None:
+    _require("stop_timeline")
+    pending.timeline("stop_timeline")

@@ -1,0 +1,272 @@
+"""horovod.tensorflow's collectives on the jaxcache runtime, differentiable with Horovod's rules.
+
+    allreduce, grouped_allreduce  gradient: the same allreduce of the gradient (op and scales)
+    allgather, grouped_allgather  gradient: average-allreduce of the gradient, this rank's rows
+    broadcast                     gradient: average-allreduce on root_rank, zeros elsewhere
+
+Backward collectives are named `<name>/grad`. tf.IndexedSlices are reduced by an allgather of
+their values and indices (sparse.py). device_dense / device_sparse / ignore_name_scope are
+accepted for compatibility: tensors are staged through host memory and names never include
+TensorFlow name scopes.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from .. import runtime as _runtime
+from ..compat import pending, process_sets, reduce_ops
+from ..compat.process_sets import global_process_set
+from . import ops, sparse
+from . import compression as _compression
+from .compression import Compression
+
+_api = ops._api
+
+
+def _differentiable(tensors) -> bool:
+    return all(t.dtype.is_floating or t.dtype.is_complex for t in tensors)
+
+
+def reduce_tensors(tensors: list, name: str, op: str, pre: float, post: float) -> list:
+    """One atomic allreduce request over validated dense tensors; differentiable."""
+    code, pre_w, post_w = ops.reduce_args(op, pre, post)
+
+    def run(xs, nm):
+        return ops.run(ops.KIND_ALLREDUCE, [nm], [list(xs)], op=code, prescale=pre_w,
+                       postscale=post_w)[0]
+
+    if not _differentiable(tensors):
+        return run(tensors, name)
+
+    @tf.custom_gradient
+    def f(*xs):
+        def grad(*dys):
+            dys = [tf.zeros_like(x) if d is None else tf.convert_to_tensor(d) for d, x in zip(dys, xs)]
+            return run(dys, f"{name}/grad")
+        return run(xs, name), grad
+
+    out = f(*tensors)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _own_rows(grad, x):
+    r = _runtime.rank()
+    if x.shape.rank == 0:
+        return grad[r]
+    d = tf.shape(x)[0]
+    # Equal first dimensions on every rank (until uneven allgather lands with issue 13).
+    return grad[r * d:(r + 1) * d]
+
+
+def gather_tensors(tensors: list, name: str) -> list:
+    """One atomic allgather request; differentiable (Horovod's rule)."""
+    def run(xs, nm):
+        return ops.run(ops.KIND_ALLGATHER, [nm], [list(xs)])[0]
+
+    if not _differentiable(tensors):
+        return run(tensors, name)
+
+    @tf.custom_gradient
+    def f(*xs):
+        def grad(*dys):
+            dys = [tf.zeros_like(y) if d is None else tf.convert_to_tensor(d) for d, y in zip(dys, ys)]
+            reduced = reduce_tensors(dys, f"{name}/grad", "average", 1.0, 1.0)
+            return [_own_rows(g, x) for g, x in zip(reduced, xs)]
+        ys = run(xs, name)
+        return ys, grad
+
+    out = f(*tensors)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _tensor(x, fn: str, name):
+    return ops.as_tensor(x, fn, f"tensor {name!r}" if name else "tensor")
+
+
+@_api
+def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none,
+              op=None, prescale_factor=1.0, postscale_factor=1.0, name=None,
+              process_set=global_process_set, ignore_name_scope=False, *, prescale=None,
+              postscale=None):
+    """The reduction of `tensor` (tf.Tensor, tf.Variable or tf.IndexedSlices) over all ranks.
+
+    op: Average (default), Sum, Min, Max, Product (or 'average', 'sum', ...). IndexedSlices
+    are allgathered (values and indices) and stay IndexedSlices (Sum or Average only).
+    """
+    fn = "allreduce"
+    process_sets.check(process_set, f"tensorflow.{fn}")
+    op = reduce_ops.resolve(op, average, f"tensorflow.{fn}")
+    pre, post = reduce_ops.scales(prescale_factor, postscale_factor, prescale, postscale,
+                                  f"tensorflow.{fn}")
+    _runtime.require_initialized(f"jaxcache.tensorflow.{fn}")
+    if isinstance(tensor, tf.IndexedSlices):
+        if pre != 1.0 or post != 1.0:
+            raise NotImplementedError("jaxcache.tensorflow.allreduce: prescale/postscale factors do "
+                                      "not apply to tf.IndexedSlices (as in Horovod)")
+        return sparse.reduce_slices([tensor], [ops.auto_name("allreduce", name, fn)], op, fn)[0]
+    t = _tensor(tensor, fn, name)
+    ops.check_reduction(t, op, pre, post, fn, f"tensor {name!r}" if name else "tensor")
+    _compression.check(compression, fn)
+    name = ops.auto_name("allreduce", name, fn)
+    c, ctx = compression.compress(t)
+    return compression.decompress(reduce_tensors([c], name, op, pre, post)[0], ctx)
+
+
+@_api
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
+                      compression=Compression.none, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, process_set=global_process_set, ignore_name_scope=False,
+                      name=None, *, prescale=None, postscale=None):
+    """Reduces a list of tensors as one atomic (fused) request; IndexedSlices are allgathered."""
+    fn = "grouped_allreduce"
+    process_sets.check(process_set, f"tensorflow.{fn}")
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"jaxcache.tensorflow.{fn}: tensors must be a list or tuple, got "
+                        f"{type(tensors).__name__}")
+    if not tensors:
+        return tensors
+    op = reduce_ops.resolve(op, average, f"tensorflow.{fn}")
+    pre, post = reduce_ops.scales(prescale_factor, postscale_factor, prescale, postscale,
+                                  f"tensorflow.{fn}")
+    _runtime.require_initialized(f"jaxcache.tensorflow.{fn}")
+    out: list = [None] * len(tensors)
+    dense, slices = [], []
+    for i, x in enumerate(tensors):
+        if isinstance(x, tf.IndexedSlices):
+            slices.append(i)
+            continue
+        what = f"tensors[{i}]" + (f" of {name!r}" if name else "")
+        t = ops.as_tensor(x, fn, what)
+        ops.check_reduction(t, op, pre, post, fn, what)
+        dense.append((i, t))
+    name = ops.auto_name("grouped_allreduce", name, fn)
+    if slices:
+        if pre != 1.0 or post != 1.0:
+            raise NotImplementedError(f"jaxcache.tensorflow.{fn}: prescale/postscale factors do not "
+                                      "apply to tf.IndexedSlices (as in Horovod)")
+        reduced = sparse.reduce_slices([tensors[i] for i in slices],
+                                       [f"{name}/slices{i}" for i in slices], op, fn)
+        for i, r in zip(slices, reduced):
+            out[i] = r
+    if dense:
+        _compression.check(compression, fn)
+        compressed = [compression.compress(t) for _, t in dense]
+        reduced = reduce_tensors([c for c, _ in compressed], name, op, pre, post)
+        for (i, _), (_, ctx), r in zip(dense, compressed, reduced):
+            out[i] = compression.decompress(r, ctx)
+    return out
+
+
+@_api
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Every rank's `tensor` concatenated along axis 0 in rank order (a scalar gives a vector).
+
+    Differentiable. All ranks must pass the same shape (a different first dimension per rank
+    arrives with issue 13).
+    """
+    process_sets.check(process_set, "tensorflow.allgather")
+    _runtime.require_initialized("jaxcache.tensorflow.allgather")
+    t = _tensor(tensor, "allgather", name)
+    return gather_tensors([t], ops.auto_name("allgather", name, "allgather"))[0]
+
+
+@_api
+def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """allgather of every tensor of the list as one atomic request (differentiable)."""
+    process_sets.check(process_set, "tensorflow.grouped_allgather")
+    _runtime.require_initialized("jaxcache.tensorflow.grouped_allgather")
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError("jaxcache.tensorflow.grouped_allgather: tensors must be a list or tuple, got "
+                        f"{type(tensors).__name__}")
+    if not tensors:
+        return []
+    ts = [ops.as_tensor(x, "grouped_allgather", f"tensors[{i}]") for i, x in enumerate(tensors)]
+    return gather_tensors(ts, ops.auto_name("grouped_allgather", name, "grouped_allgather"))
+
+
+@_api
+def broadcast(tensor, root_rank=0, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """`root_rank`'s value of `tensor` on every rank (differentiable)."""
+    process_sets.check(process_set, "tensorflow.broadcast")
+    _runtime.require_initialized("jaxcache.tensorflow.broadcast")
+    t = _tensor(tensor, "broadcast", name)
+    root = ops.validation.check_root(root_rank, _runtime.size(), "tensorflow.broadcast")
+    name = ops.auto_name("broadcast", name, "broadcast")
+
+    def run(x, nm):
+        return ops.run(ops.KIND_BROADCAST, [nm], [[x]], root=root)[0][0]
+
+    if not _differentiable([t]):
+        return run(t, name)
+
+    @tf.custom_gradient
+    def f(x):
+        def grad(dy):
+            reduced = reduce_tensors([tf.convert_to_tensor(dy)], f"{name}/grad", "average", 1.0, 1.0)[0]
+            return reduced if _runtime.rank() == root else reduced * 0
+        return run(x, name), grad
+
+    return f(t)
+
+
+@_api
+def broadcast_(variables, root_rank=0, name=None, process_set=global_process_set):
+    """In-place broadcast: assigns root_rank's values to `variables`; returns their new values."""
+    process_sets.check(process_set, "tensorflow.broadcast_")
+    _runtime.require_initialized("jaxcache.tensorflow.broadcast_")
+    root = ops.validation.check_root(root_rank, _runtime.size(), "tensorflow.broadcast_")
+    if isinstance(variables, (tf.Variable, tf.Tensor)) or not hasattr(variables, "__iter__"):
+        raise TypeError("jaxcache.tensorflow.broadcast_: pass a list of variables")
+    variables = list(variables)
+    values = []
+    for i, v in enumerate(variables):
+        if not hasattr(v, "assign"):
+            raise TypeError(f"jaxcache.tensorflow.broadcast_: variables[{i}] is a {type(v).__name__}, "
+                            "not a variable")
+        values.append(ops.as_tensor(v, "broadcast_", f"variable {getattr(v, 'name', i)!r}"))
+    base = ops.auto_name("broadcast_", name, "broadcast_")
+    outs = ops.run(ops.KIND_BROADCAST, [f"{base}/{i}" for i in range(len(values))],
+                   [[t] for t in values], root=root)
+    return [v.assign(o) for v, (o,) in zip(variables, outs)]
+
+
+# --- pending names (issue 13); Horovod's signatures -------------------------------------------
+
+
+@_api
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Horovod's alltoall (pending: issue 13)."""
+    process_sets.check(process_set, "tensorflow.alltoall")
+    _tensor(tensor, "alltoall", name)
+    pending.alltoall("jaxcache.tensorflow.alltoall")
+
+
+@_api
+def reducescatter(tensor, device_dense="", compression=Compression.none, op=reduce_ops.Average,
+                  name=None, process_set=global_process_set, ignore_name_scope=False,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """Horovod's reducescatter (pending: issue 13)."""
+    process_sets.check(process_set, "tensorflow.reducescatter")
+    op = reduce_ops.to_name(op, "tensorflow.reducescatter")
+    t = _tensor(tensor, "reducescatter", name)
+    ops.check_reduction(t, op, prescale_factor, postscale_factor, "reducescatter", "tensor")
+    pending.reducescatter("jaxcache.tensorflow.reducescatter")
+
+
+@_api
+def grouped_reducescatter(tensors, device_dense="", compression=Compression.none,
+                          op=reduce_ops.Average, process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """Horovod's grouped_reducescatter (pending: issue 13)."""
+    process_sets.check(process_set, "tensorflow.grouped_reducescatter")
+    reduce_ops.to_name(op, "tensorflow.grouped_reducescatter")
+    for i, x in enumerate(tensors):
+        ops.as_tensor(x, "grouped_reducescatter", f"tensors[{i}]")
+    pending.reducescatter("jaxcache.tensorflow.grouped_reducescatter")
+
+
+def join():
+    """Horovod's join (pending: issue 13)."""
+    _runtime.require_initialized("jaxcache.tensorflow.join")
+    return pending.join("jaxcache.tensorflow.join")

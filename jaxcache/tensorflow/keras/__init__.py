@@ -1,0 +1,113 @@
+"""Keras bridge: jaxcache's runtime behind Horovod's horovod.tensorflow.keras API.
+
+    import jaxcache.tensorflow.keras as hvd   # drop-in for `import horovod.tensorflow.keras as hvd`
+    hvd.init()
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size())), ...)
+    model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                               hvd.callbacks.MetricAverageCallback()])
+
+Keras 3 with the TensorFlow backend. docs/horovod.md lists every Horovod name's status.
+"""
+
+from __future__ import annotations
+
+import keras as _keras
+import tensorflow as _tf
+
+from ...compat.basics import (
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
+)
+from ...compat.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from ...compat.reduce_ops import Average, Sum
+from .. import collectives as _collectives
+from .. import functions as _functions
+from ..compression import Compression
+from . import callbacks, elastic
+from .optimizer import DistributedOptimizer, _DistributedKeras
+
+
+def broadcast_global_variables(root_rank):
+    """TensorFlow 1's global variables (graph mode only, as in Horovod); eagerly it raises."""
+    return _functions.broadcast_global_variables(root_rank)
+
+
+def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0, op=None,
+              compression=Compression.none):
+    """The reduction of a tensor-compatible value over all ranks (name names the collective)."""
+    return _collectives.allreduce(_tf.constant(value), average=average, compression=compression, op=op,
+                                  prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                  name=name)
+
+
+def allgather(value, name=None):
+    """Every rank's value concatenated along the first dimension."""
+    return _collectives.allgather(_tf.constant(value), name=name)
+
+
+def broadcast(value, root_rank, name=None):
+    """root_rank's value on every rank."""
+    return _collectives.broadcast(_tf.constant(value), root_rank, name=name)
+
+
+def reducescatter(value, name=None, op=Average):
+    """Horovod's reducescatter (pending: issue 13)."""
+    return _collectives.reducescatter(_tf.constant(value), op=op, name=name)
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none,
+               legacy_opts=False):
+    """keras.models.load_model with the saved optimizer wrapped in DistributedOptimizer."""
+    if legacy_opts:
+        raise NotImplementedError("jaxcache.tensorflow.keras.load_model: legacy_opts=True is not "
+                                  "supported: Keras 3 has no keras.optimizers.legacy")
+
+    def wrapping(cls):
+        return type(cls.__name__, (), {"from_config": staticmethod(
+            lambda config, custom_objects=None: DistributedOptimizer(cls.from_config(config),
+                                                                     compression=compression))})
+
+    classes = [c for c in _all_subclasses(_keras.optimizers.Optimizer)
+               if not c.__name__.startswith("_") and not issubclass(c, _DistributedKeras)]
+    objects = {}
+    for c in classes + list(custom_optimizers or []):
+        objects[c.__name__] = wrapping(c)
+    objects.update(custom_objects or {})
+    return _keras.models.load_model(filepath, custom_objects=objects)
+
+
+def _all_subclasses(cls) -> list:
+    out = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "start_timeline", "stop_timeline", "size", "local_size",
+    "cross_size", "rank", "local_rank", "cross_rank", "mpi_threads_supported", "mpi_enabled",
+    "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
+    "rocm_built", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    "Average", "Sum", "Compression", "DistributedOptimizer", "broadcast_global_variables",
+    "allreduce", "allgather", "broadcast", "reducescatter", "load_model", "callbacks", "elastic",
+]

@@ -1,0 +1,55 @@
+"""Sparse (COO) gradients: an allgather of every rank's indices and values, as Horovod does.
+
+Ranks may hold different numbers of non-zeros: the counts are gathered first, then indices
+and values padded to the largest count travel as one atomic allgather.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import runtime as _runtime
+from ..compat import process_sets, reduce_ops
+from ..compat.process_sets import global_process_set
+from . import ops
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Starts the reduction of a sparse COO tensor; returns a callable that returns the result.
+
+    The result is a sparse tensor holding every rank's entries (uncoalesced), with values
+    divided by the number of ranks for op=Average. Only Average and Sum apply.
+    """
+    process_sets.check(process_set, "torch.sparse_allreduce_async")
+    op = reduce_ops.to_name(reduce_ops.Average if op is None else op, "torch.sparse_allreduce_async")
+    if op not in ("average", "sum"):
+        raise ValueError(f"jaxcache.torch.sparse_allreduce_async: sparse tensor {name!r} can only be "
+                         f"reduced with Average or Sum, got {op!r}")
+    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
+        raise TypeError(f"jaxcache.torch.sparse_allreduce_async: {name!r} must be a sparse COO tensor, "
+                        f"got {getattr(tensor, 'layout', type(tensor).__name__)}")
+    ops.check_name(name, "sparse_allreduce_async")
+    indices = tensor._indices().t().contiguous()  # [nnz, sparse_dims]
+    values = tensor._values().contiguous()  # [nnz, *dense_dims]
+    nnz = indices.shape[0]
+    # The counts travel under `name` itself: a rank that submits a dense allreduce of that name
+    # instead (a gradient missing there) meets a MismatchError on every rank, not a hang.
+    counts_handle = ops.allgather_submit([torch.tensor([nnz], dtype=torch.int64)], name,
+                                         "sparse_allreduce_async")
+    shape, size = tensor.shape, _runtime.size()
+
+    def result() -> torch.Tensor:
+        counts = ops.synchronize(counts_handle).tolist()
+        most = max(counts)
+        pad_idx = torch.zeros((most, indices.shape[1]), dtype=indices.dtype)
+        pad_val = torch.zeros((most, *values.shape[1:]), dtype=values.dtype)
+        pad_idx[:nnz], pad_val[:nnz] = indices, values
+        all_idx, all_val = ops.synchronize(ops.allgather_submit(
+            [pad_idx, pad_val], f"{name}.entries", "sparse_allreduce_async", single=False))
+        keep = torch.cat([torch.arange(r * most, r * most + n) for r, n in enumerate(counts)])
+        vals = all_val[keep]
+        if op == "average":
+            vals = vals / size
+        return torch.sparse_coo_tensor(all_idx[keep].t(), vals, shape)
+
+    return result
