@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import re
+import sys
 import threading
 
 from mpi4py import MPI  # noqa: F401  (loads libmpi before the extension needs it)
@@ -43,14 +45,43 @@ def _running_ffi_api_version() -> tuple[int, int] | None:
     return int(major.group(1)), int(minor.group(1))
 
 
-_check_jax_version()
-try:
-    from . import _jaxcache_ext as ext
-except ImportError as e:  # pragma: no cover - depends on the installation
+def _installed_copy() -> str | None:
+    """Another jaxcache on sys.path that has the built extension (the installed one)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for entry in sys.path:
+        candidate = os.path.join(os.path.abspath(entry or "."), "jaxcache")
+        if candidate != here and glob.glob(os.path.join(candidate, "_jaxcache_ext*")):
+            return candidate
+    return None
+
+
+def _load_extension():
+    try:
+        from . import _jaxcache_ext
+        return _jaxcache_ext
+    except ImportError as e:
+        error = e
+    # Run from a source checkout (e.g. `python -m jaxcache.bench` in the repository root,
+    # where the unbuilt tree shadows the installed package): use the installed extension.
+    installed = _installed_copy()
+    if installed is not None:
+        sys.modules[__package__].__path__.append(installed)
+        try:
+            from . import _jaxcache_ext
+        except ImportError:
+            pass
+        else:
+            print(f"jaxcache: note: running the source tree {os.path.dirname(__file__)} with the "
+                  f"extension built in {installed}", file=sys.stderr)
+            return _jaxcache_ext
     raise ImportError(
-        f"jaxcache's C++ extension failed to load ({e}). It must be built against the same MPI "
-        "that mpi4py uses (pip install 'jaxcache[mpich]' for the default MPICH wheel)."
-    ) from e
+        f"jaxcache's C++ extension failed to load ({error}). Install jaxcache (pip install "
+        "'.[mpich]'), built against the same MPI that mpi4py uses."
+    ) from error
+
+
+_check_jax_version()
+ext = _load_extension()
 
 BUILT_FFI_API = tuple(ext.ffi_api_version())
 RUNNING_FFI_API = _running_ffi_api_version()

@@ -31,6 +31,9 @@ OPS = {  # track -> phases of one execution, in order
     "params": ["QUEUE", "MPI_BCAST"],
     "gather": ["QUEUE", "MPI_ALLGATHER"],
 }
+# Small allreduces, once cached, are reduced inside the cycle's own allreduce: their
+# negotiation (path "in-cycle") is the whole execution.
+IN_CYCLE = {"a", "grads/0of1"}
 JIT_TRACKS = [f"J/{g}of12" for g in range(12)]
 
 
@@ -113,7 +116,8 @@ def test_every_collective_has_its_phases(trace):
         assert len(negs) == ROUNDS, f"{track}: {len(negs)} negotiations"
         for k, neg in enumerate(negs):
             assert neg["end"] is not None and neg["end"] >= neg["begin"], (track, neg)
-            assert neg["after"] == ops, f"{track} round {k}: phases {neg['after']} != {ops}"
+            want = [] if k > 0 and track in IN_CYCLE else ops
+            assert neg["after"] == want, f"{track} round {k}: phases {neg['after']} != {want}"
 
 
 def test_coordinator_path_ticks_each_rank(trace):
@@ -129,7 +133,7 @@ def test_cached_path_marked(trace):
     t, _ = trace
     for track in OPS:
         for k, neg in enumerate(t.negotiations(track)[1:], start=2):
-            assert neg["path"] == "cached", (track, k, neg)
+            assert neg["path"] == ("in-cycle" if track in IN_CYCLE else "cached"), (track, k, neg)
             assert neg["ticks"] == [], f"{track} round {k}: a cached negotiation has no ready ticks"
 
 

@@ -40,7 +40,10 @@ Controller::Controller(Comm& comm, const Config& config, Stats& stats, Timeline&
 void Controller::Add(Request* req) {
   uint32_t bit = 0;
   auto found = cache_.capacity() ? cache_.Find(req->name, req->sig, &bit) : ResponseCache::Lookup::kMiss;
-  timeline_.NegotiateBegin(req->name, found == ResponseCache::Lookup::kHit ? "cached" : "coordinator");
+  const char* path = found != ResponseCache::Lookup::kHit ? "coordinator"
+                     : message_.HasSlot(bit)               ? "in-cycle"
+                                                           : "cached";
+  timeline_.NegotiateBegin(req->name, path);
   if (found == ResponseCache::Lookup::kHit) {
     cached_[bit] = req;
     return;

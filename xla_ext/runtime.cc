@@ -164,7 +164,8 @@ bool Runtime::Advance() {
 }
 
 void Runtime::Submit(RequestPtr req, bool drive) {
-  if (!drive || config_.inline_spin_us <= 0) {
+  // A cycle time asks for bursts to be batched into one cycle: nobody drives inline then.
+  if (!drive || config_.inline_spin_us <= 0 || config_.cycle_time_ms > 0) {
     table_.Admit(std::move(req));
     return;
   }

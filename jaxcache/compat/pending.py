@@ -4,7 +4,6 @@ Every pending name in jaxcache.torch / jaxcache.tensorflow calls exactly one fun
 here, after validating its arguments. When the runtime feature lands, replace the body
 of that function (and move the name from "pending" to "same" in docs/horovod.md).
 
-    barrier          issue 11 (exactly-once: runtime-backed jaxcache.barrier)
     join             issue 13 (collective vocabulary)
     reducescatter    issue 13
     alltoall         issue 13
@@ -26,16 +25,6 @@ class PendingFeatureError(NotImplementedError):
 
 def _pending(what: str, issue: str) -> PendingFeatureError:
     return PendingFeatureError(f"jaxcache: {what} arrives with {issue}")
-
-
-def barrier(fn: str) -> None:
-    """Blocks until every rank has reached it (Horovod's barrier)."""
-    impl = getattr(jaxcache, "barrier", None)  # issue 11 adds jaxcache.barrier()
-    if impl is not None:
-        impl()
-        return
-    raise _pending(f"{fn} (a runtime-backed barrier)", "issue 11 (exactly-once); until then use "
-                   "mpi4py's MPI.COMM_WORLD.Barrier()")
 
 
 def join(fn: str) -> int:

@@ -40,6 +40,7 @@ from ..compat.basics import (
     start_timeline,
     stop_timeline,
 )
+from ..runtime import barrier
 from ..compat.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from ..compat.reduce_ops import (
     Adasum,
@@ -98,7 +99,7 @@ __all__ = [
     "cross_rank", "cross_size", "is_homogeneous", "rank_op", "local_rank_op", "size_op",
     "local_size_op", "process_set_included_op", "mpi_threads_supported", "mpi_enabled", "mpi_built",
     "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
-    "rocm_built", "start_timeline", "stop_timeline",
+    "rocm_built", "start_timeline", "stop_timeline", "barrier",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "Average", "Sum", "Adasum", "Min", "Max", "Product", "ReduceOp",
     "handle_average_backwards_compatibility", "check_num_rank_power_of_2",

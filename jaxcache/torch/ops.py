@@ -537,4 +537,4 @@ def barrier(process_set=global_process_set) -> None:
     """Blocks until every rank of `process_set` reaches it."""
     process_sets.check(process_set, "torch.barrier")
     _runtime.require_initialized("jaxcache.torch.barrier")
-    pending.barrier("jaxcache.torch.barrier")
+    _runtime.barrier("torch.barrier")

@@ -115,9 +115,10 @@ if mode == "main":
     done("grouped")
 else:
     # Groups ready in the same cycle share fusion buffers (JAXCACHE_CYCLE_TIME batches
-    # the burst). With JAXCACHE_DISABLE_GROUP_FUSION=1 they never do.
+    # the burst). With JAXCACHE_DISABLE_GROUP_FUSION=1 they never do. (The groups are
+    # larger than a cycle-message slot, so their data takes the data phase.)
     disabled = mode == "fusion-disabled"
-    groups = [[np.full(16, rank + g, np.float32), np.full(8, rank * g, np.float32)] for g in range(3)]
+    groups = [[np.full(1600, rank + g, np.float32), np.full(800, rank * g, np.float32)] for g in range(3)]
     for round_ in range(3):
         before = jc.stats()
         outs, handles = [], []
@@ -130,8 +131,8 @@ else:
             assert status == 0, msg
         after = jc.stats()
         for g, res in enumerate(outs):
-            assert_close(res[0], np.full(16, sum(range(size)) + size * g, np.float32), f"g{g} a")
-            assert_close(res[1], np.full(8, sum(range(size)) * g, np.float32), f"g{g} b")
+            assert_close(res[0], np.full(1600, sum(range(size)) + size * g, np.float32), f"g{g} a")
+            assert_close(res[1], np.full(800, sum(range(size)) * g, np.float32), f"g{g} b")
         fused = after["fused_responses"] - before["fused_responses"]
         calls = after["mpi_calls"] - before["mpi_calls"]
         if disabled:
