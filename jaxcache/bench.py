@@ -13,6 +13,14 @@ before each step; the slowest rank counts; median over steps):
   mpi_per_tensor  mpi4py Allreduce of each array
   mpi4jax         mpi4jax.allreduce per leaf inside jax.jit      (if installed)
   torch_gloo      torch.distributed gloo, 25 MB buckets like DDP  (if installed)
+  jax_floor       the same jitted call without communication: every leaf times 1/size
+                  into a fresh output (what JAX itself costs to hand back new arrays)
+
+The table's vs_floor_mpi column is the median divided by (jax_floor + the faster of
+mpi_fused and mpi_per_tensor): 1.0 means jaxcache adds nothing to JAX's own cost plus the
+best raw MPI strategy. With donated inputs (jax.jit(..., donate_argnums=0)), "jaxcache
+(donated)" reduces large leaves in place with no copy and no fresh buffer; its limit is the
+raw MPI strategy itself (vs_mpi_best).
 
 Each method is checked once against NumPy before it is timed. Rank 0 writes
 DIR/bench.md (a markdown table), DIR/bench.json and DIR/bench.png (step time
@@ -41,8 +49,11 @@ import numpy as np
 COMM = MPI.COMM_WORLD
 MB = 1_000_000
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
-ALL_METHODS = ("jaxcache", "mpi_fused", "mpi_per_tensor", "mpi4jax", "torch_gloo")
+ALL_METHODS = ("jaxcache", "jaxcache_donated", "mpi_fused", "mpi_per_tensor", "jax_floor",
+               "mpi4jax", "torch_gloo")
 BASELINE = "mpi_fused"
+# Always measured: the columns that compare against the limits need them.
+REFERENCE_METHODS = ("mpi_fused", "mpi_per_tensor", "jax_floor")
 
 
 def say(*args: Any, **kwargs: Any) -> None:
@@ -75,6 +86,8 @@ def make_set(n: int, total: int, rank: int) -> list[np.ndarray]:
 
 
 def reference(n: int, total: int, size: int, op: str) -> list[np.ndarray]:
+    if op == "floor":  # no communication: this rank's arrays scaled by 1/size
+        return [(a / size).astype(np.float32) for a in make_set(n, total, COMM.rank)]
     base = make_set(n, total, 0)
     shift = size * (size - 1) / 2
     return [((a.astype(np.float64) * size + shift) / (size if op == "average" else 1)).astype(np.float32)
@@ -85,7 +98,8 @@ def reference(n: int, total: int, size: int, op: str) -> list[np.ndarray]:
 class Method:
     step: Callable[[], Any]           # one blocking step
     fetch: Callable[[Any], list]      # its output as NumPy arrays
-    op: str                           # "sum" or "average"
+    op: str                           # "sum", "average" or "floor"
+    prepare: Callable[[], None] | None = None  # untimed, before each step
 
 
 # --- methods ------------------------------------------------------------------
@@ -120,6 +134,33 @@ def build_jaxcache(local: list[np.ndarray], mods: dict) -> Method:
     reduce = jax.jit(lambda t: jc.grouped_allreduce(t, op="average", name="bench"))
     return Method(lambda: jax.block_until_ready(reduce(tree)), lambda out: [np.asarray(x) for x in out],
                   "average")
+
+
+def build_jaxcache_donated(local: list[np.ndarray], mods: dict) -> Method:
+    """The gradients are donated: large leaves are reduced in their own buffers."""
+    jax, jc = mods["jax"], mods["jaxcache"]
+    reduce = jax.jit(lambda t: jc.grouped_allreduce(t, op="average", name="bench.donated"),
+                     donate_argnums=0)
+    state: dict[str, list] = {}
+
+    def prepare():  # a fresh tree to donate, made before the timed step
+        state["tree"] = jax.block_until_ready([jax.numpy.array(a) for a in local])
+
+    def step():
+        if "tree" not in state:
+            prepare()
+        return jax.block_until_ready(reduce(state.pop("tree")))
+
+    return Method(step, lambda out: [np.asarray(x) for x in out], "average", prepare)
+
+
+def build_jax_floor(local: list[np.ndarray], mods: dict) -> Method:
+    jax = mods["jax"]
+    tree = [jax.numpy.asarray(a) for a in local]
+    scale = np.float32(1.0 / COMM.size)
+    reduce = jax.jit(lambda t: [x * scale for x in t])
+    return Method(lambda: jax.block_until_ready(reduce(tree)), lambda out: [np.asarray(x) for x in out],
+                  "floor")
 
 
 def build_mpi4jax(local: list[np.ndarray], mods: dict) -> Method:
@@ -174,6 +215,8 @@ def build_torch_gloo(local: list[np.ndarray], mods: dict) -> Method:
 
 BUILDERS: dict[str, tuple[Callable[[list, dict], Method], tuple[str, ...]]] = {
     "jaxcache": (build_jaxcache, ("jax", "jaxcache")),
+    "jaxcache_donated": (build_jaxcache_donated, ("jax", "jaxcache")),
+    "jax_floor": (build_jax_floor, ("jax",)),
     "mpi_fused": (build_mpi_fused, ()),
     "mpi_per_tensor": (build_mpi_per_tensor, ()),
     "mpi4jax": (build_mpi4jax, ("jax", "mpi4jax")),
@@ -237,28 +280,37 @@ def stop_modules(mods: dict) -> None:
 # --- timing -------------------------------------------------------------------
 
 
-def timed_steps(step: Callable[[], Any], budget_s: float, min_steps: int, max_steps: int) -> list[float]:
-    """Barrier-synced steps (slowest rank counts); as many as fit `budget_s`."""
+def steps_for(method: Method, budget_s: float, min_steps: int, max_steps: int) -> int:
+    """How many steps fit `budget_s` (agreed by every rank; includes a warm-up step)."""
+    if method.prepare:
+        method.prepare()
     t0 = time.perf_counter()
-    step()  # warm-up
+    method.step()
     first = COMM.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-    n = int(max(min_steps, min(max_steps, budget_s / max(first, 1e-6))))
+    return int(max(min_steps, min(max_steps, budget_s / max(first, 1e-6))))
+
+
+def timed_steps(method: Method, n: int) -> list[float]:
+    """`n` barrier-synced steps; the slowest rank's time of each."""
     local = np.empty(n)
     for i in range(n):
+        if method.prepare:
+            method.prepare()
         COMM.Barrier()
         t = time.perf_counter()
-        step()
+        method.step()
         local[i] = time.perf_counter() - t
     slowest = np.empty_like(local)
     COMM.Allreduce(local, slowest, op=MPI.MAX)
     return slowest.tolist()
 
 
-def run_one(name: str, n: int, total: int, mods: dict, args) -> tuple[dict | None, str]:
+def build_checked(name: str, n: int, total: int, mods: dict) -> tuple[Method | None, str]:
+    """Builds a method and checks its result once against NumPy (compiles jitted ones)."""
     local = make_set(n, total, COMM.rank)
     try:
         method = BUILDERS[name][0](local, mods)
-        got = method.fetch(method.step())  # includes compilation for jitted methods
+        got = method.fetch(method.step())
         want = reference(n, total, COMM.size, method.op)
         ok = len(got) == len(want) and all(
             np.asarray(g).shape == w.shape and np.allclose(g, w, rtol=1e-6) for g, w in zip(got, want))
@@ -268,9 +320,28 @@ def run_one(name: str, n: int, total: int, mods: dict, args) -> tuple[dict | Non
         ok, note, method = False, f"error: {type(e).__name__}: {e}", None
     if not agree(ok):
         return None, note or "failed on another rank"
-    times = timed_steps(method.step, args.budget, args.min_steps, args.max_steps)
-    return {"median_ms": float(np.median(times)) * 1e3, "p10_ms": float(np.percentile(times, 10)) * 1e3,
-            "p90_ms": float(np.percentile(times, 90)) * 1e3, "steps": len(times)}, note
+    return method, note
+
+
+def run_point(names: Sequence[str], n: int, total: int, mods: dict, args) -> list[dict]:
+    """Every method at one point, timed in interleaved rounds (noise hits them alike)."""
+    built = {m: build_checked(m, n, total, mods) for m in names}
+    methods = {m: meth for m, (meth, _) in built.items() if meth is not None}
+    per_round = {m: max(1, steps_for(meth, args.budget, args.min_steps, args.max_steps) // args.rounds)
+                 for m, meth in methods.items()}
+    times: dict[str, list[float]] = {m: [] for m in methods}
+    for _ in range(args.rounds):
+        for m, meth in methods.items():
+            times[m] += timed_steps(meth, per_round[m])
+    rows = []
+    for m in names:
+        row = {"tensors": n, "bytes": total, "size": fmt_bytes(total), "method": m, "note": built[m][1]}
+        if m in times:
+            t = times[m]
+            row.update(median_ms=float(np.median(t)) * 1e3, p10_ms=float(np.percentile(t, 10)) * 1e3,
+                       p90_ms=float(np.percentile(t, 90)) * 1e3, steps=len(t))
+        rows.append(row)
+    return rows
 
 
 # --- output -------------------------------------------------------------------
@@ -348,7 +419,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sizes", default="1MB,16MB,100MB", help="comma list of total bytes (KB/MB/GB = 10^3/10^6/10^9)")
     p.add_argument("--methods", default=",".join(ALL_METHODS), help="comma list of: " + ",".join(ALL_METHODS))
     p.add_argument("--budget", type=float, default=0.6, help="seconds of timed steps per method and point")
-    p.add_argument("--min-steps", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per point")
+    p.add_argument("--min-steps", type=int, default=6)
     p.add_argument("--max-steps", type=int, default=50)
     args = p.parse_args(argv)
     args.tensors = [int(x) for x in args.tensors.split(",") if x]
@@ -357,8 +429,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for m in args.methods:
         if m not in BUILDERS:
             p.error(f"unknown method {m!r}; choose from {', '.join(ALL_METHODS)}")
-    if BASELINE not in args.methods:
-        args.methods.insert(0, BASELINE)  # ratios need the limit from the same job
+    for ref in reversed(REFERENCE_METHODS):  # ratios need the limits from the same job
+        if ref not in args.methods:
+            args.methods.insert(0, ref)
     return args
 
 
@@ -376,27 +449,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         for total in args.sizes:
             for n in args.tensors:
                 say(f"# {n} tensors, {fmt_bytes(total)}", file=sys.stderr)
-                for m in methods:
-                    result, note = run_one(m, n, total, mods, args)
-                    rows.append({"tensors": n, "bytes": total, "size": fmt_bytes(total), "method": m,
-                                 **(result or {}), "note": note})
-                    gc.collect()
+                rows += run_point(methods, n, total, mods, args)
+                gc.collect()
     finally:
         stop_modules(mods)
     for r in rows:
-        base = next((b.get("median_ms") for b in rows if b["method"] == BASELINE
-                     and b["tensors"] == r["tensors"] and b["bytes"] == r["bytes"]), None)
-        r["vs_mpi_fused"] = r["median_ms"] / base if base and r.get("median_ms") else None
+        same = {b["method"]: b.get("median_ms") for b in rows
+                if b["tensors"] == r["tensors"] and b["bytes"] == r["bytes"]}
+        mpi = [v for k, v in same.items() if k in ("mpi_fused", "mpi_per_tensor") and v]
+        best = min(mpi) if mpi else None
+        floor = same.get("jax_floor")
+        med = r.get("median_ms")
+        r["vs_mpi_best"] = med / best if best and med else None
+        r["vs_floor_mpi"] = med / (floor + best) if best and floor and med else None
     elapsed = time.perf_counter() - t_start
     if COMM.rank != 0:
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    columns = ["tensors", "size", "method", "median_ms", "p10_ms", "p90_ms", "vs_mpi_fused", "steps", "note"]
+    columns = ["tensors", "size", "method", "median_ms", "p10_ms", "p90_ms", "vs_mpi_best",
+               "vs_floor_mpi", "steps", "note"]
     header = (f"# jaxcache quick benchmark\n\nP={COMM.size} ranks, {platform.node()}, "
               f"{MPI.Get_library_version().splitlines()[0].strip()}; float32 arrays of equal size; "
-              f"median step time over barrier-synced steps, slowest rank; vs_mpi_fused = median / "
-              f"mpi4py Allreduce of one pre-packed buffer (the limit).\n")
+              f"median step time over barrier-synced steps, slowest rank. vs_mpi_best = median / "
+              f"the faster raw MPI strategy (mpi_fused: one pre-packed buffer; mpi_per_tensor); "
+              f"vs_floor_mpi = median / (jax_floor + that strategy): what jaxcache adds to JAX's "
+              f"own cost of returning new arrays plus the best raw MPI.\n")
     if skipped:
         header += "\nNot measured: " + "; ".join(f"{m} ({why})" for m, why in skipped.items()) + "\n"
     md = header + "\n" + table(rows, columns) + "\n"

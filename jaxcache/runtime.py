@@ -13,7 +13,7 @@ from ._ext import ext
 from .errors import raise_for_status
 
 _atexit_registered = False
-_shutdown_timeout_s = _config.Config().shutdown_timeout_s
+_settings = _config.Config()  # rank 0's, once init() has run
 
 
 def init(comm: MPI.Comm | None = None) -> None:
@@ -23,7 +23,7 @@ def init(comm: MPI.Comm | None = None) -> None:
     on every rank. Calling it again while the runtime is running does nothing; after
     `shutdown()` it starts a new runtime.
     """
-    global _atexit_registered, _shutdown_timeout_s
+    global _atexit_registered, _settings
     if ext.running():
         return
     if comm is None:
@@ -36,8 +36,8 @@ def init(comm: MPI.Comm | None = None) -> None:
             "MPI); do not lower mpi4py.rc.thread_level before importing mpi4py.MPI"
         )
     cfg = _config.synchronize(comm, _config.from_env())
-    _shutdown_timeout_s = cfg.shutdown_timeout_s
     ext.init(MPI._addressof(comm), cfg.as_dict())
+    _settings = cfg
     if not _atexit_registered:
         # Registered after mpi4py's own exit handler, so it runs before MPI is finalized.
         atexit.register(_shutdown_at_exit)
@@ -51,7 +51,7 @@ def shutdown() -> None:
     it stops anyway and says which ranks never came. Collectives still pending then fail
     with ShutdownError on every rank. Also runs at interpreter exit.
     """
-    problem = ext.shutdown(_shutdown_timeout_s)
+    problem = ext.shutdown(_settings.shutdown_timeout_s)
     if problem:
         print(f"jaxcache: warning: rank {_rank_or_unknown()}: {problem}", file=sys.stderr, flush=True)
 
@@ -78,6 +78,11 @@ def barrier(name: str = "jaxcache.barrier") -> None:
     require_initialized("jaxcache.barrier()")
     status, message = ext.barrier(name).wait()
     raise_for_status(status, message)
+
+
+def settings() -> _config.Config:
+    """The settings the runtime runs with (rank 0's, from the last init())."""
+    return _settings
 
 
 def is_initialized() -> bool:

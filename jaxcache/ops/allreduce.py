@@ -6,6 +6,11 @@ operands), reduced atomically by the runtime. Scaling ("average"
 copies the operand into the result buffer (a streaming copy, as cheap as
 memcpy), which is then reduced in place: averaging costs no extra pass.
 
+A large operand (at least JAXCACHE_DIRECT_THRESHOLD bytes) whose buffer XLA can hand
+over without a copy -- a value computed in the program, or an argument the caller
+donated (jax.jit(..., donate_argnums=...)) -- is instead aliased with its result and
+reduced in its own buffer: no copy and no fresh buffer (see docs/design.md).
+
 Autodiff follows the psum convention: the transpose of an allreduce-sum is an
 allreduce-sum, so grad(lambda x: allreduce(x, "sum").sum())(x) == size * ones.
 """
@@ -16,6 +21,7 @@ import numpy as np
 
 import jax
 from jax.extend.core import Primitive
+from jax._src.lib.mlir import ir
 from jax.interpreters import ad, batching, mlir
 
 from .. import runtime
@@ -30,12 +36,34 @@ def _abstract_eval(*avals, **params):
     return [jax.core.ShapedArray(a.shape, a.dtype) for a in avals]
 
 
+def _donated_argument(value) -> bool:
+    """True for an argument of the program that the caller donated."""
+    func = value.owner.owner
+    if ir.StringAttr(func.attributes["sym_name"]).value != "main" or "arg_attrs" not in func.attributes:
+        return False  # an argument of a nested function: its origin is unknown here
+    attrs = ir.DictAttr(ir.ArrayAttr(func.attributes["arg_attrs"])[value.arg_number])
+    return "tf.aliasing_output" in attrs or "jax.buffer_donor" in attrs
+
+
+def _in_place(value, aval) -> bool:
+    """Whether to reduce this operand in its own buffer (aliased with the result).
+
+    Only large operands gain (small ones go through the fusion buffer anyway), and only
+    if XLA can give their buffer up: a non-donated program argument would be copied by
+    XLA first -- a pass of its own, where the separate-buffer form copies and scales in
+    one streaming pass.
+    """
+    if aval.size * aval.dtype.itemsize < runtime.settings().direct_threshold:
+        return False
+    if isinstance(value, ir.BlockArgument):
+        return _donated_argument(value)
+    return True
+
+
 def _lowering(ctx, *args, name, auto_name, op, prescale, postscale, world_size):
-    # No operand/result aliasing: XLA would have to copy every operand it cannot
-    # donate (jit inputs) and scaling would then need a pass of its own. Measured on
-    # the ResNet-50 set (benchmarks/gradients.py): the separate-buffer form wins.
     ensure_registered()
-    rule = jax.ffi.ffi_lowering("jaxcache_allreduce")
+    aliases = {i: i for i, (v, aval) in enumerate(zip(args, ctx.avals_in)) if _in_place(v, aval)}
+    rule = jax.ffi.ffi_lowering("jaxcache_allreduce", operand_output_aliases=aliases or None)
     return rule(ctx, *args, **naming.lowered(ctx, name, auto_name), world_size=np.int64(world_size),
                 op=np.int64(validation.REDUCE_OPS[op]), prescale=np.float64(prescale),
                 postscale=np.float64(postscale))
