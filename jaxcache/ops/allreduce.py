@@ -6,8 +6,7 @@ operands), reduced atomically by the runtime. Scaling ("average"
 copies the operand into the result buffer (a streaming copy, as cheap as
 memcpy), which is then reduced in place: averaging costs no extra pass.
 
-A large operand (at least JAXCACHE_DIRECT_THRESHOLD bytes) whose buffer XLA can hand
-over without a copy -- a value computed in the program, or an argument the caller
+An operand of at least 64 KiB whose buffer XLA can hand over without a copy -- a value computed in the program, or an argument the caller
 donated (jax.jit(..., donate_argnums=...)) -- is instead aliased with its result and
 reduced in its own buffer: no copy and no fresh buffer (see docs/design.md).
 
@@ -36,6 +35,9 @@ def _abstract_eval(*avals, **params):
     return [jax.core.ShapedArray(a.shape, a.dtype) for a in avals]
 
 
+IN_PLACE_BYTES = 64 * 1024
+
+
 def _donated_argument(value) -> bool:
     """True for an argument of the program that the caller donated."""
     func = value.owner.owner
@@ -48,12 +50,12 @@ def _donated_argument(value) -> bool:
 def _in_place(value, aval) -> bool:
     """Whether to reduce this operand in its own buffer (aliased with the result).
 
-    Only large operands gain (small ones go through the fusion buffer anyway), and only
-    if XLA can give their buffer up: a non-donated program argument would be copied by
-    XLA first -- a pass of its own, where the separate-buffer form copies and scales in
-    one streaming pass.
+    Only larger operands gain (the copy it saves is what matters; small ones ride in the
+    cycle message or the fusion buffer), and only if XLA can give their buffer up: a
+    non-donated program argument would be copied by XLA first -- a pass of its own, where
+    the separate-buffer form copies and scales in one streaming pass.
     """
-    if aval.size * aval.dtype.itemsize < runtime.settings().direct_threshold:
+    if aval.size * aval.dtype.itemsize < IN_PLACE_BYTES:
         return False
     if isinstance(value, ir.BlockArgument):
         return _donated_argument(value)
