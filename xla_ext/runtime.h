@@ -80,9 +80,8 @@ class Runtime {
   // Held by whichever thread drives cycles: the background thread, or a
   // submitter running its own request inline.
   std::mutex driver_mu_;
-  // Under driver_mu_: the last cycle decided something; the loop must end.
-  bool progress_ = true;
-  std::atomic<bool> stop_loop_{false};
+  bool progress_ = true;                 // under driver_mu_: the last cycle decided something
+  std::atomic<bool> stop_loop_{false};  // a cycle decided to shut down (or was abandoned)
   std::mutex done_mu_;
   std::condition_variable done_cv_;
   bool loop_done_ = false;

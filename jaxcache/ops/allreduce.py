@@ -41,30 +41,35 @@ IN_PLACE_BYTES = 64 * 1024
 def _donated_argument(value) -> bool:
     """True for an argument of the program that the caller donated."""
     func = value.owner.owner
-    if ir.StringAttr(func.attributes["sym_name"]).value != "main" or "arg_attrs" not in func.attributes:
+    if ("sym_name" not in func.attributes or "arg_attrs" not in func.attributes
+            or ir.StringAttr(func.attributes["sym_name"]).value != "main"):
         return False  # an argument of a nested function: its origin is unknown here
     attrs = ir.DictAttr(ir.ArrayAttr(func.attributes["arg_attrs"])[value.arg_number])
     return "tf.aliasing_output" in attrs or "jax.buffer_donor" in attrs
 
 
-def _in_place(value, aval) -> bool:
+def _in_place(value, aval, prescale: float) -> bool:
     """Whether to reduce this operand in its own buffer (aliased with the result).
 
     Only larger operands gain (the copy it saves is what matters; small ones ride in the
-    cycle message or the fusion buffer), and only if XLA can give their buffer up: a
-    non-donated program argument would be copied by XLA first -- a pass of its own, where
-    the separate-buffer form copies and scales in one streaming pass.
+    cycle message or the fusion buffer). When XLA cannot give the buffer up (a value used
+    again later, a program argument that was not donated) it copies the operand first: no
+    worse than the separate-buffer form's own copy, unless the runtime also has to scale
+    -- the separate-buffer form scales while it copies, an aliased operand then needs a
+    pass of its own. So with a prescale, only operands XLA is known to hand over for free
+    are aliased: values computed in this function, and donated program arguments.
     """
     if aval.size * aval.dtype.itemsize < IN_PLACE_BYTES:
         return False
-    if isinstance(value, ir.BlockArgument):
-        return _donated_argument(value)
-    return True
+    if prescale == 1.0 or not isinstance(value, ir.BlockArgument):
+        return True
+    return _donated_argument(value)
 
 
 def _lowering(ctx, *args, name, auto_name, op, prescale, postscale, world_size):
     ensure_registered()
-    aliases = {i: i for i, (v, aval) in enumerate(zip(args, ctx.avals_in)) if _in_place(v, aval)}
+    aliases = {i: i for i, (v, aval) in enumerate(zip(args, ctx.avals_in))
+               if _in_place(v, aval, prescale)}
     rule = jax.ffi.ffi_lowering("jaxcache_allreduce", operand_output_aliases=aliases or None)
     return rule(ctx, *args, **naming.lowered(ctx, name, auto_name), world_size=np.int64(world_size),
                 op=np.int64(validation.REDUCE_OPS[op]), prescale=np.float64(prescale),
