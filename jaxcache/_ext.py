@@ -9,7 +9,14 @@ import threading
 from mpi4py import MPI  # noqa: F401  (loads libmpi before the extension needs it)
 
 import jax
+import jax.extend  # noqa: F401  (see below)
 import jaxlib
+
+# Importing jax.extend defines JAX config options (jax >= 0.12: through its pallas modules).
+# Options defined in the middle of a trace -- jaxcache's ops modules import jax.extend and
+# load lazily, typically when a jitted function first calls a collective -- change JAX's
+# tracing context, so every function traced before would be traced (and named) again on
+# its next call. Importing it with the runtime keeps the context fixed from init() on.
 
 # Oldest jax/jaxlib with everything the extension and the lowerings use. There is no upper
 # bound: the extension is built against the FFI headers of the jax present at build time, and
@@ -91,8 +98,10 @@ def ensure_registered() -> None:
         if _registered:
             return
         jax.devices()
+        types = ext.call_site_types()
         for platform, targets in ext.registrations().items():
-            jax.ffi.register_ffi_type("jaxcache_call_site", ext.call_site_type(), platform=platform)
+            type_name, type_registration = types[platform]
+            jax.ffi.register_ffi_type(type_name, type_registration, platform=platform)
             for name, stages in targets.items():
                 jax.ffi.register_ffi_target(name, stages, platform=platform)
         _registered = True

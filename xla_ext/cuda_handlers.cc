@@ -14,7 +14,11 @@ namespace ffi = xla::ffi;
 
 namespace jaxcache {
 
+ffi::TypeId CudaCallSite::id = {};
+
 namespace {
+
+XLA_FFI_TypeInfo cuda_call_site_type_info = ffi::MakeTypeInfo<CudaCallSite>();
 
 // Staging offsets are aligned like device allocations, so that the DMA
 // engines and the runtime's vectorised copies see aligned host memory.
@@ -119,7 +123,7 @@ ffi::Error RunStaged(cudaStream_t stream, const CollectiveCall& call, const Call
   return ffi::Error::Success();
 }
 
-ffi::Error AllreduceImpl(cudaStream_t stream, CallSite* site, ffi::RemainingArgs args,
+ffi::Error AllreduceImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
                          ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size,
                          int64_t op, double prescale, double postscale) {
   return RunStaged(stream,
@@ -127,7 +131,7 @@ ffi::Error AllreduceImpl(cudaStream_t stream, CallSite* site, ffi::RemainingArgs
                    *site, args, rets);
 }
 
-ffi::Error BroadcastImpl(cudaStream_t stream, CallSite* site, ffi::RemainingArgs args,
+ffi::Error BroadcastImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
                          ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size,
                          int64_t root) {
   return RunStaged(stream,
@@ -135,7 +139,7 @@ ffi::Error BroadcastImpl(cudaStream_t stream, CallSite* site, ffi::RemainingArgs
                    *site, args, rets);
 }
 
-ffi::Error AllgatherImpl(cudaStream_t stream, CallSite* site, ffi::RemainingArgs args,
+ffi::Error AllgatherImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
                          ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size) {
   return RunStaged(stream, {Kind::kAllgather, world_size}, *site, args, rets);
 }
@@ -171,8 +175,18 @@ int CudaRuntimeVersion() {
 
 std::size_t CudaStagingBytes() { return StagingPool::Get().held_bytes(); }
 
+void* CudaCallSiteTypeId() { return &CudaCallSite::id; }
+void* CudaCallSiteTypeInfo() { return &cuda_call_site_type_info; }
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AllreduceCudaInstantiate, InstantiateReduce<CudaCallSite>,
+                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_REDUCE_ATTRS);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BroadcastCudaInstantiate, InstantiateBroadcast<CudaCallSite>,
+                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_BROADCAST_ATTRS);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherCudaInstantiate, InstantiateGather<CudaCallSite>,
+                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_COMMON_ATTRS);
+
 #define JAXCACHE_CUDA_BIND \
-  ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::State<CallSite>>() \
+  ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::State<CudaCallSite>>() \
       .RemainingArgs().RemainingRets()
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AllreduceCudaHandler, AllreduceImpl,

@@ -1,5 +1,6 @@
-// XLA FFI execute handlers for CUDA (tier A: host-staged). Built only with
-// JAXCACHE_CUDA; the instantiate stage is the CPU targets' (ffi_handlers.h).
+// XLA FFI handlers for CUDA (tier A: host-staged). Built only with
+// JAXCACHE_CUDA; the instantiate stage and the request building are the CPU
+// targets' (ffi_handlers.h), with a state type of CUDA's own.
 //
 // Each call copies its operands device-to-host on XLA's stream into pinned
 // staging memory, waits for that copy, hands a host request to the same
@@ -11,11 +12,24 @@
 // command-buffer (CUDA graph) compatible: they do host work on every call.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
+#include "ffi_handlers.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcache {
+
+// Registered with the CUDA plugin's type registry (see CpuCallSite).
+struct CudaCallSite : CallSite {
+  static xla::ffi::TypeId id;
+};
+void* CudaCallSiteTypeId();
+void* CudaCallSiteTypeInfo();
+
+XLA_FFI_DECLARE_HANDLER_SYMBOL(AllreduceCudaInstantiate);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(BroadcastCudaInstantiate);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(AllgatherCudaInstantiate);
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AllreduceCudaHandler);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BroadcastCudaHandler);

@@ -13,11 +13,11 @@ namespace ffi = xla::ffi;
 
 namespace jaxcache {
 
-ffi::TypeId CallSite::id = {};
+ffi::TypeId CpuCallSite::id = {};
 
 namespace {
 
-XLA_FFI_TypeInfo call_site_type_info = ffi::MakeTypeInfo<CallSite>();
+XLA_FFI_TypeInfo cpu_call_site_type_info = ffi::MakeTypeInfo<CpuCallSite>();
 
 std::optional<DType> FromXla(ffi::DataType t) {
   switch (t) {
@@ -58,21 +58,6 @@ ffi::Future Failed(const Status& status) {
   return future;
 }
 
-// Numbers the instances of each (program, name) in instantiation order.
-std::string InstanceName(std::string_view name, int64_t program) {
-  static std::mutex mu;
-  static std::map<std::pair<int64_t, std::string>, int> instances;
-  std::lock_guard<std::mutex> lock(mu);
-  int k = instances[{program, std::string(name)}]++;
-  return k == 0 ? std::string(name) : std::string(name) + "~" + std::to_string(k);
-}
-
-ffi::ErrorOr<std::unique_ptr<CallSite>> Instantiate(std::string_view name, int64_t program) {
-  auto site = std::make_unique<CallSite>();
-  site->name = InstanceName(name, program);
-  return site;
-}
-
 // What a program traced for one world size must not do on another.
 std::string CheckWorld(const std::string& name, int64_t traced_size, int size) {
   if (traced_size == size) return "";
@@ -100,35 +85,22 @@ ffi::Future Submit(const CollectiveCall& call, const CallSite& site, ffi::Remain
   return future;
 }
 
-ffi::Future AllreduceImpl(CallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
+ffi::Future AllreduceImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
                           std::string_view, int64_t, int64_t world_size, int64_t op,
                           double prescale, double postscale) {
   return Submit({Kind::kAllreduce, world_size, static_cast<ReduceOp>(op), prescale, postscale, 0},
                 *site, args, rets);
 }
 
-ffi::Future BroadcastImpl(CallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
+ffi::Future BroadcastImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
                           std::string_view, int64_t, int64_t world_size, int64_t root) {
   return Submit({Kind::kBroadcast, world_size, ReduceOp::kSum, 1.0, 1.0, static_cast<int32_t>(root)},
                 *site, args, rets);
 }
 
-ffi::Future AllgatherImpl(CallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
+ffi::Future AllgatherImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
                           std::string_view, int64_t, int64_t world_size) {
   return Submit({Kind::kAllgather, world_size}, *site, args, rets);
-}
-
-ffi::ErrorOr<std::unique_ptr<CallSite>> InstantiateReduce(std::string_view name, int64_t program,
-                                                          int64_t, int64_t, double, double) {
-  return Instantiate(name, program);
-}
-ffi::ErrorOr<std::unique_ptr<CallSite>> InstantiateBroadcast(std::string_view name,
-                                                             int64_t program, int64_t, int64_t) {
-  return Instantiate(name, program);
-}
-ffi::ErrorOr<std::unique_ptr<CallSite>> InstantiateGather(std::string_view name, int64_t program,
-                                                          int64_t) {
-  return Instantiate(name, program);
 }
 
 ffi::Error RankImpl(ffi::Result<ffi::Buffer<ffi::S32>> out) {
@@ -139,6 +111,15 @@ ffi::Error RankImpl(ffi::Result<ffi::Buffer<ffi::S32>> out) {
 }
 
 }  // namespace
+
+// Numbers the instances of each (program, name) in instantiation order.
+std::string InstanceName(std::string_view name, int64_t program) {
+  static std::mutex mu;
+  static std::map<std::pair<int64_t, std::string>, int> instances;
+  std::lock_guard<std::mutex> lock(mu);
+  int k = instances[{program, std::string(name)}]++;
+  return k == 0 ? std::string(name) : std::string(name) + "~" + std::to_string(k);
+}
 
 PreparedRequest PrepareRequest(const CollectiveCall& call, const CallSite& site, Device device,
                                ffi::RemainingArgs args, ffi::RemainingRets rets) {
@@ -206,30 +187,30 @@ ffi::ErrorOr<int32_t> RunningRank() {
   return runtime->comm().rank();
 }
 
-void* CallSiteTypeId() { return &CallSite::id; }
-void* CallSiteTypeInfo() { return &call_site_type_info; }
+void* CpuCallSiteTypeId() { return &CpuCallSite::id; }
+void* CpuCallSiteTypeInfo() { return &cpu_call_site_type_info; }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AllreduceInstantiate, InstantiateReduce,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AllreduceInstantiate, InstantiateReduce<CpuCallSite>,
                               ffi::Ffi::BindInstantiate() JAXCACHE_FFI_REDUCE_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AllreduceHandler, AllreduceImpl,
                               ffi::Ffi::Bind()
-                                  .Ctx<ffi::State<CallSite>>()
+                                  .Ctx<ffi::State<CpuCallSite>>()
                                   .RemainingArgs()
                                   .RemainingRets() JAXCACHE_FFI_REDUCE_ATTRS);
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BroadcastInstantiate, InstantiateBroadcast,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BroadcastInstantiate, InstantiateBroadcast<CpuCallSite>,
                               ffi::Ffi::BindInstantiate() JAXCACHE_FFI_BROADCAST_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BroadcastHandler, BroadcastImpl,
                               ffi::Ffi::Bind()
-                                  .Ctx<ffi::State<CallSite>>()
+                                  .Ctx<ffi::State<CpuCallSite>>()
                                   .RemainingArgs()
                                   .RemainingRets() JAXCACHE_FFI_BROADCAST_ATTRS);
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherInstantiate, InstantiateGather,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherInstantiate, InstantiateGather<CpuCallSite>,
                               ffi::Ffi::BindInstantiate() JAXCACHE_FFI_COMMON_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherHandler, AllgatherImpl,
                               ffi::Ffi::Bind()
-                                  .Ctx<ffi::State<CallSite>>()
+                                  .Ctx<ffi::State<CpuCallSite>>()
                                   .RemainingArgs()
                                   .RemainingRets() JAXCACHE_FFI_COMMON_ATTRS);
 

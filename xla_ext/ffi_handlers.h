@@ -7,8 +7,10 @@
 //    (cuda_handlers.h) share the instantiate stage and the request building.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "common.h"
 #include "request.h"
@@ -23,12 +25,46 @@ class Runtime;
 // the same name; instances of one (program, name) are told apart by the
 // order in which XLA instantiates them, which is the same on every rank.
 struct CallSite {
-  static xla::ffi::TypeId id;
   std::string name;
 };
+
+// The state type XLA sees is one per platform: jaxlib and each PJRT plugin
+// (CUDA) keep FFI type registries of their own and number types
+// independently, so one TypeId registered with both would carry the first
+// registry's number into the second, where another type may already have it.
+struct CpuCallSite : CallSite {
+  static xla::ffi::TypeId id;
+};
 // For jax.ffi.register_ffi_type.
-void* CallSiteTypeId();
-void* CallSiteTypeInfo();
+void* CpuCallSiteTypeId();
+void* CpuCallSiteTypeInfo();
+
+// "name" for the first instance of (program, name), then "name~1", ...
+std::string InstanceName(std::string_view name, int64_t program);
+
+// The instantiate stage of every target, for the state type `Site` (the
+// attributes are bound at both stages, so each kind has its signature).
+template <typename Site>
+xla::ffi::ErrorOr<std::unique_ptr<Site>> NewCallSite(std::string_view name, int64_t program) {
+  auto site = std::make_unique<Site>();
+  site->name = InstanceName(name, program);
+  return site;
+}
+template <typename Site>
+xla::ffi::ErrorOr<std::unique_ptr<Site>> InstantiateReduce(std::string_view name, int64_t program,
+                                                           int64_t, int64_t, double, double) {
+  return NewCallSite<Site>(name, program);
+}
+template <typename Site>
+xla::ffi::ErrorOr<std::unique_ptr<Site>> InstantiateBroadcast(std::string_view name,
+                                                              int64_t program, int64_t, int64_t) {
+  return NewCallSite<Site>(name, program);
+}
+template <typename Site>
+xla::ffi::ErrorOr<std::unique_ptr<Site>> InstantiateGather(std::string_view name, int64_t program,
+                                                           int64_t) {
+  return NewCallSite<Site>(name, program);
+}
 
 // What one custom call of a collective asks for, from its attributes.
 struct CollectiveCall {
@@ -59,7 +95,7 @@ xla::ffi::Error ToFfiError(const Status& status, xla::ffi::ErrorCode code);
 xla::ffi::ErrorOr<int32_t> RunningRank();
 
 // Every attribute is bound at both stages and on every platform (XLA checks
-// the count); the instantiate handlers below serve every platform.
+// the count).
 #define JAXCACHE_FFI_COMMON_ATTRS \
   .Attr<std::string_view>("name").Attr<int64_t>("program").Attr<int64_t>("world_size")
 #define JAXCACHE_FFI_REDUCE_ATTRS \

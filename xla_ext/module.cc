@@ -228,9 +228,9 @@ NB_MODULE(_jaxcache_ext, m) {
     d["cpu"] = cpu;
 #ifdef JAXCACHE_WITH_CUDA
     nb::dict cuda;
-    cuda["jaxcache_allreduce"] = stages(AllreduceInstantiate, AllreduceCudaHandler);
-    cuda["jaxcache_broadcast"] = stages(BroadcastInstantiate, BroadcastCudaHandler);
-    cuda["jaxcache_allgather"] = stages(AllgatherInstantiate, AllgatherCudaHandler);
+    cuda["jaxcache_allreduce"] = stages(AllreduceCudaInstantiate, AllreduceCudaHandler);
+    cuda["jaxcache_broadcast"] = stages(BroadcastCudaInstantiate, BroadcastCudaHandler);
+    cuda["jaxcache_allgather"] = stages(AllgatherCudaInstantiate, AllgatherCudaHandler);
     cuda["jaxcache_rank"] = Capsule(RankCudaHandler);
     d["CUDA"] = cuda;
 #endif
@@ -250,10 +250,19 @@ NB_MODULE(_jaxcache_ext, m) {
 #else
   m.def("cuda_built", [] { return false; });
 #endif
-  m.def("call_site_type", [] {
+  // The call-site state type of each platform: {platform: (name, {type_id, type_info})}.
+  m.def("call_site_types", [] {
+    auto type = [](const char* name, void* id, void* info) {
+      nb::dict d;
+      d["type_id"] = nb::capsule(id);
+      d["type_info"] = nb::capsule(info);
+      return std::make_pair(std::string(name), d);
+    };
     nb::dict d;
-    d["type_id"] = nb::capsule(CallSiteTypeId());
-    d["type_info"] = nb::capsule(CallSiteTypeInfo());
+    d["cpu"] = type("jaxcache_call_site", CpuCallSiteTypeId(), CpuCallSiteTypeInfo());
+#ifdef JAXCACHE_WITH_CUDA
+    d["CUDA"] = type("jaxcache_call_site_cuda", CudaCallSiteTypeId(), CudaCallSiteTypeInfo());
+#endif
     return d;
   });
 

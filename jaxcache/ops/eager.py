@@ -78,6 +78,6 @@ def run(kind: int, name: str, inputs: Sequence[jax.Array], out_shapes: Sequence[
                         op, float(prescale), float(postscale), root, codes, device=kind_code)
     status, message = wait(handle, (ins, outs))
     raise_for_status(status, message)
-    if kind_code == devices.CPU:
+    if device is None or (kind_code == devices.CPU and jax.default_backend() == "cpu"):
         return [jnp.asarray(o) for o in outs]
     return [jax.device_put(o, device) for o in outs]

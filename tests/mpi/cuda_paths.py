@@ -148,6 +148,9 @@ def lowering():
             names = {entry[0] for entry in queued.get("CUDA", [])}
             assert {"jaxcache_allreduce", "jaxcache_broadcast", "jaxcache_allgather",
                     "jaxcache_rank"} <= names, names
+            # With a state type of CUDA's own (the plugin numbers types independently).
+            types = {entry[0] for entry in getattr(xla_client, "_custom_type_id", {}).get("CUDA", [])}
+            assert types == {"jaxcache_call_site_cuda"}, types
 
     # The CPU lowering still runs: the CUDA registration changed nothing there.
     got = jax.jit(step)(x + rank)
