@@ -8,6 +8,7 @@ namespace {
 // request size does not allocate a new block each time.
 std::size_t RoundUp(std::size_t bytes) {
   std::size_t grain = 64 << 10;
+  if (bytes == 0) return grain;  // zero-size tensors still get a valid block
   while (grain * 8 < bytes) grain <<= 1;
   return (bytes + grain - 1) / grain * grain;
 }

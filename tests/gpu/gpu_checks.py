@@ -149,6 +149,13 @@ def check_broadcast_allgather_grad():
     want = np.concatenate([np.arange(6, dtype=np.float32).reshape(2, 3) + 10 * r for r in range(size)])
     assert_close(np.asarray(g), want, "allgather")
     same_on_all_ranks(g)
+    # Scalars and zero-size tensors, alone in a request (an empty staging region).
+    edge = jax.jit(lambda t: jc.allgather(t, name="gather.edge"))(
+        {"s": put(np.float32(rank)), "e": put(np.zeros((0, 3), np.float32))})
+    assert_close(np.asarray(edge["s"]), np.arange(size, dtype=np.float32), "allgather scalar")
+    assert edge["e"].shape == (0, 3), edge["e"].shape
+    empty = jax.jit(lambda v: jc.allreduce(v, op="sum", name="empty"))(put(np.zeros((0,), np.float32)))
+    assert empty.shape == (0,), empty.shape
 
     # grad of allreduce-sum: size * ones. grad through allgather reads the rank on the device
     # (the jaxcache_rank helper): each rank gets its own slice of the summed cotangent.
@@ -160,7 +167,8 @@ def check_broadcast_allgather_grad():
     d = jax.jit(jax.grad(lambda a: (jc.allgather(a, name="ggather") * weights).sum()))(v)
     on(DEV, d)
     assert_close(np.asarray(d), size * weights[8 * rank:8 * (rank + 1)], "grad allgather")
-    say(f"broadcast from rank {root}, allgather, grad of allreduce and of allgather: OK")
+    say(f"broadcast from rank {root}, allgather (also scalars, zero-size), grad of allreduce "
+        "and of allgather: OK")
 
 
 def expect_mismatch(fn, what, fragment):

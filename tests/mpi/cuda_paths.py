@@ -4,6 +4,7 @@ call and attributes, and the device kind is part of the signature (2 and 3 ranks
 Scenarios: `lowering`, `device-mismatch`.
 """
 
+import os
 import re
 import sys
 
@@ -73,6 +74,9 @@ def check_common(call, name):
 
 
 def lowering():
+    expect_built = os.environ.get("JAXCACHE_EXPECT_CUDA_BUILT")  # set by tests/test_build.py
+    if expect_built is not None:
+        assert devices.cuda_built() == (expect_built == "1"), (jc.__file__, devices.cuda_built())
     x = jnp.arange(12, dtype=jnp.float32).reshape(4, 3)
 
     # allreduce: every op, with scales ("average" is a sum with a prescale of 1/size).
