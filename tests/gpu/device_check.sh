@@ -41,13 +41,13 @@ for p in ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "mpi4py", "
         print(f"  {p} -")
 EOF
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+# CMake finds the CUDA toolkit through nvcc on PATH (or /usr/local/cuda).
 NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc 2>/dev/null | head -1)
-[ -n "$NVCC" ] && "$NVCC" --version | tail -2
 if [ -z "$NVCC" ]; then
-  echo "no nvcc found: the build relies on CMake finding a CUDA toolkit elsewhere"
+  echo "no nvcc found: the build relies on CMake finding a CUDA toolkit elsewhere (CUDAToolkit_ROOT)"
 else
-  export CUDAToolkit_ROOT=${CUDAToolkit_ROOT:-$(dirname "$(dirname "$(readlink -f "$NVCC")")")}
-  echo "CUDA toolkit: $CUDAToolkit_ROOT"
+  command -v nvcc >/dev/null || export PATH="$(dirname "$NVCC"):$PATH"
+  echo "nvcc: $NVCC"; "$NVCC" --version | tail -2
 fi
 
 step "install the carried MPICH into $PREFIX"
