@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 NP ?= 2
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: venv install install-test demo test test-multihost bench clean
+.PHONY: venv install install-test demo test test-multihost test-jax-latest test-gpu gpu-wheels bench clean
 
 venv:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,33 @@ test: install-test
 
 test-multihost: install-test
 	$(VENV)/bin/pytest -v -rs tests/multihost
+
+# The newest jax (0.12, which needs Python >= 3.12) in a venv of its own: jaxcache built
+# against its FFI headers, then the core multi-rank tests, the exactly-once tests of
+# transformations, async use and resizing, and the CUDA lowering tests.
+JAX_LATEST ?= 0.12.0.1
+VENV_LATEST ?= .venv-jax012
+PYTHON312 ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12; do \
+	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$p; break; }; done)
+test-jax-latest:
+	@test -n "$(PYTHON312)" || { echo "test-jax-latest: SKIPPED, no Python 3.12 found"; exit 0; }; \
+	set -e; test -x $(VENV_LATEST)/bin/python || $(PYTHON312) -m venv $(VENV_LATEST); \
+	$(VENV_LATEST)/bin/python -m pip install --quiet --disable-pip-version-check "jax==$(JAX_LATEST)" \
+		"jaxlib==$(JAX_LATEST)" mpich "mpi4py>=4.0" pytest pytest-timeout nanobind scikit-build-core cmake ninja; \
+	PATH=$(abspath $(VENV_LATEST))/bin:$$PATH $(VENV_LATEST)/bin/python -m pip install --quiet \
+		--disable-pip-version-check --no-build-isolation --no-deps --force-reinstall .; \
+	$(VENV_LATEST)/bin/pytest -v -rs tests/test_core.py tests/test_exactly_once.py tests/test_cuda.py \
+		tests/test_jax_versions.py -k "not repeated and (test_core or transforms or async or resize or cuda or versions)"
+
+# The GPU check (docs/gpu.md). On the GPU machine: make test-gpu (needs .whl/ from gpu-wheels).
+test-gpu:
+	bash tests/gpu/device_check.sh
+
+# The wheels the GPU check machine lacks (no MPI library, no network there), into .whl/.
+gpu-wheels:
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl mpich==5.0.2 mpi4py==4.1.2
 
 bench: install
 	$(VENV)/bin/mpirun -np $(NP) $(PY) -m jaxcache.bench

@@ -19,6 +19,7 @@ _EXPORTS = {
     "broadcast": "ops.broadcast", "allgather": "ops.allgather",
     "JaxcacheError": "errors", "MismatchError": "errors", "StallError": "errors",
     "ShutdownError": "errors", "DuplicateNameError": "errors", "CollectiveError": "errors",
+    "cuda_built": "devices", "cuda_available": "devices",
 }
 
 __version__ = "0.1.0"

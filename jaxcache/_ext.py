@@ -11,9 +11,20 @@ import threading
 from mpi4py import MPI  # noqa: F401  (loads libmpi before the extension needs it)
 
 import jax
+import jax.extend  # noqa: F401  (see below)
 import jaxlib
 
-SUPPORTED_JAX = ((0, 10), (0, 11))  # [min, max) of jax/jaxlib major.minor
+# Importing jax.extend defines JAX config options (jax >= 0.12: through its pallas modules).
+# Options defined in the middle of a trace -- jaxcache's ops modules import jax.extend and
+# load lazily, typically when a jitted function first calls a collective -- change JAX's
+# tracing context, so every function traced before would be traced (and named) again on
+# its next call. Importing it with the runtime keeps the context fixed from init() on.
+
+# Oldest jax/jaxlib with everything the extension and the lowerings use. There is no upper
+# bound: the extension is built against the FFI headers of the jax present at build time, and
+# any jaxlib whose XLA FFI API is compatible with those works (checked below). Tested: 0.10.2
+# (Python 3.11), 0.11.2 and 0.12.0.1 (Python 3.12).
+MIN_JAX = (0, 10)
 
 
 def _version_tuple(version: str) -> tuple[int, int]:
@@ -22,13 +33,11 @@ def _version_tuple(version: str) -> tuple[int, int]:
 
 
 def _check_jax_version() -> None:
-    lo, hi = SUPPORTED_JAX
+    lo = MIN_JAX
     for pkg, version in (("jax", jax.__version__), ("jaxlib", jaxlib.__version__)):
-        if not lo <= _version_tuple(version) < hi:
+        if _version_tuple(version) < lo:
             raise ImportError(
-                f"jaxcache supports {pkg} >={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]} but {pkg} "
-                f"{version} is installed; install a supported version or rebuild jaxcache "
-                f"against this one (pip install --no-cache-dir --force-reinstall jaxcache)"
+                f"jaxcache needs {pkg} >={lo[0]}.{lo[1]} but {pkg} {version} is installed"
             )
 
 
@@ -85,13 +94,19 @@ ext = _load_extension()
 
 BUILT_FFI_API = tuple(ext.ffi_api_version())
 RUNNING_FFI_API = _running_ffi_api_version()
-if RUNNING_FFI_API is not None and (
-    RUNNING_FFI_API[0] != BUILT_FFI_API[0] or RUNNING_FFI_API[1] < BUILT_FFI_API[1]
-):
+
+
+def ffi_api_compatible(built: tuple[int, int], running: tuple[int, int]) -> bool:
+    """XLA accepts handlers built for its FFI API major version and any minor up to its own."""
+    return running[0] == built[0] and running[1] >= built[1]
+
+
+if RUNNING_FFI_API is not None and not ffi_api_compatible(BUILT_FFI_API, RUNNING_FFI_API):
     raise ImportError(
         f"jaxcache was built for XLA FFI API {BUILT_FFI_API[0]}.{BUILT_FFI_API[1]} but the "
         f"installed jaxlib {jaxlib.__version__} provides {RUNNING_FFI_API[0]}.{RUNNING_FFI_API[1]}; "
-        "reinstall jaxcache so it builds against this jaxlib"
+        "reinstall jaxcache so that it builds against this jaxlib "
+        "(pip install --no-build-isolation --force-reinstall --no-deps jaxcache)"
     )
 
 _registered = False
@@ -101,8 +116,11 @@ _register_lock = threading.Lock()
 def ensure_registered() -> None:
     """Registers the FFI state type and targets with XLA, once (called by the lowerings).
 
-    Registration waits until the CPU backend exists: jaxlib replays registrations made
-    before that in an order that puts the targets before the state type they need.
+    Registration waits until the backends exist: jaxlib replays registrations made before
+    that in an order that puts the targets before the state type they need. jax.devices()
+    creates every backend this process may use (CPU, and CUDA where its plugin loads).
+    The CUDA targets are registered whenever the extension has them; on a jaxlib without a
+    CUDA backend jaxlib merely queues them, which lets programs be lowered for CUDA there.
     """
     global _registered
     if _registered:
@@ -110,8 +128,11 @@ def ensure_registered() -> None:
     with _register_lock:
         if _registered:
             return
-        jax.devices("cpu")  # creates the backend if it does not exist yet
-        jax.ffi.register_ffi_type("jaxcache_call_site", ext.call_site_type(), platform="cpu")
-        for name, stages in ext.registrations().items():
-            jax.ffi.register_ffi_target(name, stages, platform="cpu")
+        jax.devices()
+        types = ext.call_site_types()
+        for platform, targets in ext.registrations().items():
+            type_name, type_registration = types[platform]
+            jax.ffi.register_ffi_type(type_name, type_registration, platform=platform)
+            for name, stages in targets.items():
+                jax.ffi.register_ffi_target(name, stages, platform=platform)
         _registered = True

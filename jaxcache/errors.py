@@ -8,7 +8,8 @@ class JaxcacheError(RuntimeError):
 
 
 class MismatchError(JaxcacheError):
-    """Ranks submitted the same name with a different kind, dtype, shape, op, scale or root."""
+    """Ranks submitted the same name with a different kind, dtype, shape, op, scale, root or
+    device kind (CPU vs GPU)."""
 
 
 class StallError(JaxcacheError):

@@ -44,6 +44,14 @@ const char* KindName(Kind k) {
   return "unknown";
 }
 
+const char* DeviceName(Device d) {
+  switch (d) {
+    case Device::kCpu: return "cpu";
+    case Device::kCuda: return "cuda";
+  }
+  return "unknown";
+}
+
 bool IsComplex(DType d) { return d == DType::kComplex64 || d == DType::kComplex128; }
 
 bool IsFloating(DType d) {
@@ -79,6 +87,7 @@ void Writer::Sig(const Signature& s) {
   F64(s.prescale);
   F64(s.postscale);
   I32(s.root);
+  U8(static_cast<uint8_t>(s.device));
   U32(static_cast<uint32_t>(s.tensors.size()));
   for (const auto& t : s.tensors) {
     U8(static_cast<uint8_t>(t.dtype));
@@ -108,6 +117,7 @@ Signature Reader::Sig() {
   s.prescale = F64();
   s.postscale = F64();
   s.root = I32();
+  s.device = static_cast<Device>(U8());
   uint32_t n = U32();
   s.tensors.resize(n);
   for (auto& t : s.tensors) {

@@ -20,11 +20,16 @@ constexpr int kNumDTypes = 15;
 enum class ReduceOp : uint8_t { kSum = 0, kMin, kMax, kProd };
 // kBarrier carries no tensors: its negotiation is the synchronization.
 enum class Kind : uint8_t { kAllreduce = 0, kBroadcast, kAllgather, kBarrier };
+// Where the submitter's tensors live. The runtime always works on host memory
+// (the CUDA handlers stage through it), but the kind is part of the signature:
+// a CPU array on one rank against a GPU array on another is a user error.
+enum class Device : uint8_t { kCpu = 0, kCuda };
 
 std::size_t ElementSize(DType dtype);
 const char* DTypeName(DType dtype);
 const char* ReduceOpName(ReduceOp op);
 const char* KindName(Kind kind);
+const char* DeviceName(Device device);
 bool IsFloating(DType dtype);  // float or complex
 bool IsComplex(DType dtype);
 
@@ -58,10 +63,12 @@ struct Signature {
   double prescale = 1.0;
   double postscale = 1.0;
   int32_t root = 0;
+  Device device = Device::kCpu;
   std::vector<TensorSpec> tensors;
   bool operator==(const Signature& o) const {
     return kind == o.kind && op == o.op && prescale == o.prescale &&
-           postscale == o.postscale && root == o.root && tensors == o.tensors;
+           postscale == o.postscale && root == o.root && device == o.device &&
+           tensors == o.tensors;
   }
   bool operator!=(const Signature& o) const { return !(*this == o); }
   std::size_t NumBytes() const;

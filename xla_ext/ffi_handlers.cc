@@ -13,11 +13,11 @@ namespace ffi = xla::ffi;
 
 namespace jaxcache {
 
-ffi::TypeId CallSite::id = {};
+ffi::TypeId CpuCallSite::id = {};
 
 namespace {
 
-XLA_FFI_TypeInfo call_site_type_info = ffi::MakeTypeInfo<CallSite>();
+XLA_FFI_TypeInfo cpu_call_site_type_info = ffi::MakeTypeInfo<CpuCallSite>();
 
 std::optional<DType> FromXla(ffi::DataType t) {
   switch (t) {
@@ -51,26 +51,11 @@ const char* ErrorPrefix(ErrorKind kind) {
   }
 }
 
-ffi::Future Failed(ErrorKind kind, const std::string& message) {
+ffi::Future Failed(const Status& status) {
   ffi::Promise promise;
   ffi::Future future(promise);
-  promise.SetError(ffi::Error(ffi::ErrorCode::kFailedPrecondition, ErrorPrefix(kind) + message));
+  promise.SetError(ToFfiError(status, ffi::ErrorCode::kFailedPrecondition));
   return future;
-}
-
-// Numbers the instances of each (program, name) in instantiation order.
-std::string InstanceName(std::string_view name, int64_t program) {
-  static std::mutex mu;
-  static std::map<std::pair<int64_t, std::string>, int> instances;
-  std::lock_guard<std::mutex> lock(mu);
-  int k = instances[{program, std::string(name)}]++;
-  return k == 0 ? std::string(name) : std::string(name) + "~" + std::to_string(k);
-}
-
-ffi::ErrorOr<std::unique_ptr<CallSite>> Instantiate(std::string_view name, int64_t program) {
-  auto site = std::make_unique<CallSite>();
-  site->name = InstanceName(name, program);
-  return site;
 }
 
 // What a program traced for one world size must not do on another.
@@ -82,146 +67,154 @@ std::string CheckWorld(const std::string& name, int64_t traced_size, int size) {
          "again, e.g. after jax.clear_caches()";
 }
 
-// Builds the request from XLA's buffers and hands it to the runtime.
-ffi::Future Submit(Kind kind, const CallSite& site, ffi::RemainingArgs args,
-                   ffi::RemainingRets rets, int64_t world_size, ReduceOp op, double prescale,
-                   double postscale, int32_t root) {
-  const std::string& name = site.name;
-  auto runtime = Runtime::Current();
-  if (!runtime || !runtime->running())
-    return Failed(ErrorKind::kShutdown,
-                  "jaxcache is not initialized (call jaxcache.init() first) or has been shut "
-                  "down; collective '" + name + "' cannot run");
-  const int size = runtime->comm().size();
-  std::string wrong_world = CheckWorld(name, world_size, size);
-  if (!wrong_world.empty()) return Failed(ErrorKind::kInvalidArgument, wrong_world);
-  if (args.size() != rets.size())
-    return Failed(ErrorKind::kInvalidArgument, "jaxcache: operand/result count mismatch in '" + name + "'");
-  auto req = std::make_unique<Request>();
-  req->name = name;
-  req->sig.kind = kind;
-  req->sig.op = op;
-  req->sig.prescale = prescale;
-  req->sig.postscale = postscale;
-  req->sig.root = root;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    auto in = args.get<ffi::AnyBuffer>(i);
-    auto out = rets.get<ffi::AnyBuffer>(i);
-    if (!in.has_value() || !out.has_value())
-      return Failed(ErrorKind::kInvalidArgument, "jaxcache: bad buffer in '" + name + "'");
-    auto dtype = FromXla(in->element_type());
-    if (!dtype)
-      return Failed(ErrorKind::kInvalidArgument, "jaxcache: unsupported dtype in collective '" + name + "'");
-    TensorSpec spec;
-    spec.dtype = *dtype;
-    auto dims = in->dimensions();
-    spec.shape.assign(dims.begin(), dims.end());
-    const std::size_t want = spec.NumBytes() * (kind == Kind::kAllgather ? size : 1);
-    if ((*out)->size_bytes() != want || (*out)->element_type() != in->element_type())
-      return Failed(ErrorKind::kInvalidArgument,
-                    "jaxcache: result " + std::to_string(i) + " of '" + name + "' has " +
-                        std::to_string((*out)->size_bytes()) + " bytes but the collective writes " +
-                        std::to_string(want));
-    req->sig.tensors.push_back(std::move(spec));
-    req->inputs.push_back(in->untyped_data());
-    req->outputs.push_back((*out)->untyped_data());
-  }
+// Hands the request to the runtime; XLA:CPU resumes dependent work when the
+// completion thread fulfils the returned future.
+ffi::Future Submit(const CollectiveCall& call, const CallSite& site, ffi::RemainingArgs args,
+                   ffi::RemainingRets rets) {
+  PreparedRequest prepared = PrepareRequest(call, site, Device::kCpu, args, rets);
+  if (!prepared.request) return Failed(prepared.status);
   ffi::Promise promise;
   ffi::Future future(promise);
-  req->done = Completion(
+  prepared.request->done = Completion(
       [promise](const Status& st) mutable {
         if (st.ok()) promise.SetAvailable();
-        else promise.SetError(ffi::Error(ffi::ErrorCode::kAborted, ErrorPrefix(st.kind) + st.message));
+        else promise.SetError(ToFfiError(st, ffi::ErrorCode::kAborted));
       },
       /*cheap=*/false);
-  const bool drive = req->sig.NumBytes() <= kInlineBytes;
-  runtime->Submit(std::move(req), drive);
+  const bool drive = prepared.request->sig.NumBytes() <= kInlineBytes;
+  prepared.runtime->Submit(std::move(prepared.request), drive);
   return future;
 }
 
-ffi::Future AllreduceImpl(CallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
+ffi::Future AllreduceImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
                           std::string_view, int64_t, int64_t world_size, int64_t op,
                           double prescale, double postscale) {
-  return Submit(Kind::kAllreduce, *site, args, rets, world_size, static_cast<ReduceOp>(op),
-                prescale, postscale, 0);
+  return Submit({Kind::kAllreduce, world_size, static_cast<ReduceOp>(op), prescale, postscale, 0},
+                *site, args, rets);
 }
 
-ffi::Future BroadcastImpl(CallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
+ffi::Future BroadcastImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
                           std::string_view, int64_t, int64_t world_size, int64_t root) {
-  return Submit(Kind::kBroadcast, *site, args, rets, world_size, ReduceOp::kSum, 1.0, 1.0,
-                static_cast<int32_t>(root));
+  return Submit({Kind::kBroadcast, world_size, ReduceOp::kSum, 1.0, 1.0, static_cast<int32_t>(root)},
+                *site, args, rets);
 }
 
-ffi::Future AllgatherImpl(CallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
+ffi::Future AllgatherImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
                           std::string_view, int64_t, int64_t world_size) {
-  return Submit(Kind::kAllgather, *site, args, rets, world_size, ReduceOp::kSum, 1.0, 1.0, 0);
-}
-
-ffi::ErrorOr<std::unique_ptr<CallSite>> InstantiateReduce(std::string_view name, int64_t program,
-                                                          int64_t, int64_t, double, double) {
-  return Instantiate(name, program);
-}
-ffi::ErrorOr<std::unique_ptr<CallSite>> InstantiateBroadcast(std::string_view name,
-                                                             int64_t program, int64_t, int64_t) {
-  return Instantiate(name, program);
-}
-ffi::ErrorOr<std::unique_ptr<CallSite>> InstantiateGather(std::string_view name, int64_t program,
-                                                          int64_t) {
-  return Instantiate(name, program);
+  return Submit({Kind::kAllgather, world_size}, *site, args, rets);
 }
 
 ffi::Error RankImpl(ffi::Result<ffi::Buffer<ffi::S32>> out) {
-  auto runtime = Runtime::Current();
-  if (!runtime || !runtime->running())
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      "jaxcache.ShutdownError: jaxcache is not initialized (call jaxcache.init())");
-  *out->typed_data() = runtime->comm().rank();
+  auto rank = RunningRank();
+  if (rank.has_error()) return rank.error();
+  *out->typed_data() = rank.value();
   return ffi::Error::Success();
 }
 
 }  // namespace
 
-void* CallSiteTypeId() { return &CallSite::id; }
-void* CallSiteTypeInfo() { return &call_site_type_info; }
+// Numbers the instances of each (program, name) in instantiation order.
+std::string InstanceName(std::string_view name, int64_t program) {
+  static std::mutex mu;
+  static std::map<std::pair<int64_t, std::string>, int> instances;
+  std::lock_guard<std::mutex> lock(mu);
+  int k = instances[{program, std::string(name)}]++;
+  return k == 0 ? std::string(name) : std::string(name) + "~" + std::to_string(k);
+}
 
-// Every attribute is bound at both stages (XLA checks the count).
-#define JAXCACHE_COMMON_ATTRS \
-  .Attr<std::string_view>("name").Attr<int64_t>("program").Attr<int64_t>("world_size")
+PreparedRequest PrepareRequest(const CollectiveCall& call, const CallSite& site, Device device,
+                               ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  PreparedRequest p;
+  const std::string& name = site.name;
+  auto fail = [&p](ErrorKind kind, std::string message) {
+    p.status = Status::Error(kind, std::move(message));
+    p.request.reset();
+    return std::move(p);
+  };
+  p.runtime = Runtime::Current();
+  if (!p.runtime || !p.runtime->running())
+    return fail(ErrorKind::kShutdown,
+                "jaxcache is not initialized (call jaxcache.init() first) or has been shut "
+                "down; collective '" + name + "' cannot run");
+  const int size = p.runtime->comm().size();
+  std::string wrong_world = CheckWorld(name, call.world_size, size);
+  if (!wrong_world.empty()) return fail(ErrorKind::kInvalidArgument, wrong_world);
+  if (args.size() != rets.size())
+    return fail(ErrorKind::kInvalidArgument, "jaxcache: operand/result count mismatch in '" + name + "'");
+  auto req = std::make_unique<Request>();
+  req->name = name;
+  req->sig.kind = call.kind;
+  req->sig.op = call.op;
+  req->sig.prescale = call.prescale;
+  req->sig.postscale = call.postscale;
+  req->sig.root = call.root;
+  req->sig.device = device;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    auto in = args.get<ffi::AnyBuffer>(i);
+    auto out = rets.get<ffi::AnyBuffer>(i);
+    if (!in.has_value() || !out.has_value())
+      return fail(ErrorKind::kInvalidArgument, "jaxcache: bad buffer in '" + name + "'");
+    auto dtype = FromXla(in->element_type());
+    if (!dtype)
+      return fail(ErrorKind::kInvalidArgument, "jaxcache: unsupported dtype in collective '" + name + "'");
+    TensorSpec spec;
+    spec.dtype = *dtype;
+    auto dims = in->dimensions();
+    spec.shape.assign(dims.begin(), dims.end());
+    const std::size_t want = spec.NumBytes() * (call.kind == Kind::kAllgather ? size : 1);
+    if ((*out)->size_bytes() != want || (*out)->element_type() != in->element_type())
+      return fail(ErrorKind::kInvalidArgument,
+                  "jaxcache: result " + std::to_string(i) + " of '" + name + "' has " +
+                      std::to_string((*out)->size_bytes()) + " bytes but the collective writes " +
+                      std::to_string(want));
+    req->sig.tensors.push_back(std::move(spec));
+    req->inputs.push_back(in->untyped_data());
+    req->outputs.push_back((*out)->untyped_data());
+  }
+  p.request = std::move(req);
+  return p;
+}
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AllreduceInstantiate, InstantiateReduce,
-                              ffi::Ffi::BindInstantiate() JAXCACHE_COMMON_ATTRS
-                                  .Attr<int64_t>("op")
-                                  .Attr<double>("prescale")
-                                  .Attr<double>("postscale"));
+ffi::Error ToFfiError(const Status& status, ffi::ErrorCode code) {
+  return ffi::Error(code, ErrorPrefix(status.kind) + status.message);
+}
+
+ffi::ErrorOr<int32_t> RunningRank() {
+  auto runtime = Runtime::Current();
+  if (!runtime || !runtime->running())
+    return ffi::Unexpected<ffi::Error>(ffi::Error(
+        ffi::ErrorCode::kFailedPrecondition,
+        "jaxcache.ShutdownError: jaxcache is not initialized (call jaxcache.init())"));
+  return runtime->comm().rank();
+}
+
+void* CpuCallSiteTypeId() { return &CpuCallSite::id; }
+void* CpuCallSiteTypeInfo() { return &cpu_call_site_type_info; }
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AllreduceInstantiate, InstantiateReduce<CpuCallSite>,
+                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_REDUCE_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AllreduceHandler, AllreduceImpl,
                               ffi::Ffi::Bind()
-                                  .Ctx<ffi::State<CallSite>>()
+                                  .Ctx<ffi::State<CpuCallSite>>()
                                   .RemainingArgs()
-                                  .RemainingRets() JAXCACHE_COMMON_ATTRS
-                                  .Attr<int64_t>("op")
-                                  .Attr<double>("prescale")
-                                  .Attr<double>("postscale"));
+                                  .RemainingRets() JAXCACHE_FFI_REDUCE_ATTRS);
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BroadcastInstantiate, InstantiateBroadcast,
-                              ffi::Ffi::BindInstantiate() JAXCACHE_COMMON_ATTRS
-                                  .Attr<int64_t>("root"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BroadcastInstantiate, InstantiateBroadcast<CpuCallSite>,
+                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_BROADCAST_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BroadcastHandler, BroadcastImpl,
                               ffi::Ffi::Bind()
-                                  .Ctx<ffi::State<CallSite>>()
+                                  .Ctx<ffi::State<CpuCallSite>>()
                                   .RemainingArgs()
-                                  .RemainingRets() JAXCACHE_COMMON_ATTRS
-                                  .Attr<int64_t>("root"));
+                                  .RemainingRets() JAXCACHE_FFI_BROADCAST_ATTRS);
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherInstantiate, InstantiateGather,
-                              ffi::Ffi::BindInstantiate() JAXCACHE_COMMON_ATTRS);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherInstantiate, InstantiateGather<CpuCallSite>,
+                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_COMMON_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherHandler, AllgatherImpl,
                               ffi::Ffi::Bind()
-                                  .Ctx<ffi::State<CallSite>>()
+                                  .Ctx<ffi::State<CpuCallSite>>()
                                   .RemainingArgs()
-                                  .RemainingRets() JAXCACHE_COMMON_ATTRS);
+                                  .RemainingRets() JAXCACHE_FFI_COMMON_ATTRS);
 
-}  // namespace jaxcache
-
-namespace jaxcache {
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RankHandler, RankImpl, ffi::Ffi::Bind().Ret<ffi::Buffer<ffi::S32>>());
+
 }  // namespace jaxcache

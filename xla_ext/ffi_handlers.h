@@ -1,25 +1,106 @@
 // XLA FFI entry points (typed FFI). Every target has two stages:
 //  - instantiate, once per custom-call instruction of a compiled program:
 //    gives the instance its final collective name (see CallSite);
-//  - execute, asynchronous: submits the request and returns an
-//    xla::ffi::Future completed by the runtime's completion thread.
+//  - execute: builds the request and hands it to the runtime. On CPU the
+//    execute stage is asynchronous: it returns an xla::ffi::Future completed
+//    by the runtime's completion thread. The CUDA handlers
+//    (cuda_handlers.h) share the instantiate stage and the request building.
 #pragma once
 
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "common.h"
+#include "request.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcache {
+
+class Runtime;
 
 // Per-instruction state. JAX lowers a function called several times inside
 // one program once and calls it from each site, so two instructions can carry
 // the same name; instances of one (program, name) are told apart by the
 // order in which XLA instantiates them, which is the same on every rank.
 struct CallSite {
-  static xla::ffi::TypeId id;
   std::string name;
 };
+
+// The state type XLA sees is one per platform: jaxlib and each PJRT plugin
+// (CUDA) keep FFI type registries of their own and number types
+// independently, so one TypeId registered with both would carry the first
+// registry's number into the second, where another type may already have it.
+struct CpuCallSite : CallSite {
+  static xla::ffi::TypeId id;
+};
 // For jax.ffi.register_ffi_type.
-void* CallSiteTypeId();
-void* CallSiteTypeInfo();
+void* CpuCallSiteTypeId();
+void* CpuCallSiteTypeInfo();
+
+// "name" for the first instance of (program, name), then "name~1", ...
+std::string InstanceName(std::string_view name, int64_t program);
+
+// The instantiate stage of every target, for the state type `Site` (the
+// attributes are bound at both stages, so each kind has its signature).
+template <typename Site>
+xla::ffi::ErrorOr<std::unique_ptr<Site>> NewCallSite(std::string_view name, int64_t program) {
+  auto site = std::make_unique<Site>();
+  site->name = InstanceName(name, program);
+  return site;
+}
+template <typename Site>
+xla::ffi::ErrorOr<std::unique_ptr<Site>> InstantiateReduce(std::string_view name, int64_t program,
+                                                           int64_t, int64_t, double, double) {
+  return NewCallSite<Site>(name, program);
+}
+template <typename Site>
+xla::ffi::ErrorOr<std::unique_ptr<Site>> InstantiateBroadcast(std::string_view name,
+                                                              int64_t program, int64_t, int64_t) {
+  return NewCallSite<Site>(name, program);
+}
+template <typename Site>
+xla::ffi::ErrorOr<std::unique_ptr<Site>> InstantiateGather(std::string_view name, int64_t program,
+                                                           int64_t) {
+  return NewCallSite<Site>(name, program);
+}
+
+// What one custom call of a collective asks for, from its attributes.
+struct CollectiveCall {
+  Kind kind = Kind::kAllreduce;
+  int64_t world_size = 0;  // the size the program was traced for
+  ReduceOp op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t root = 0;
+};
+
+// One execution checked against the running runtime: its request over XLA's
+// buffers (host or device addresses, as `device` says; the caller decides
+// what the runtime gets to touch), or, when `request` is null, why not.
+struct PreparedRequest {
+  std::shared_ptr<Runtime> runtime;
+  RequestPtr request;
+  Status status;
+};
+PreparedRequest PrepareRequest(const CollectiveCall& call, const CallSite& site, Device device,
+                               xla::ffi::RemainingArgs args, xla::ffi::RemainingRets rets);
+
+// The XLA error for a failed request: the message starts with the name of the
+// Python exception class it maps to (jaxcache/errors.py).
+xla::ffi::Error ToFfiError(const Status& status, xla::ffi::ErrorCode code);
+
+// This process's rank, or an error when the runtime is not running.
+xla::ffi::ErrorOr<int32_t> RunningRank();
+
+// Every attribute is bound at both stages and on every platform (XLA checks
+// the count).
+#define JAXCACHE_FFI_COMMON_ATTRS \
+  .Attr<std::string_view>("name").Attr<int64_t>("program").Attr<int64_t>("world_size")
+#define JAXCACHE_FFI_REDUCE_ATTRS \
+  JAXCACHE_FFI_COMMON_ATTRS.Attr<int64_t>("op").Attr<double>("prescale").Attr<double>("postscale")
+#define JAXCACHE_FFI_BROADCAST_ATTRS JAXCACHE_FFI_COMMON_ATTRS.Attr<int64_t>("root")
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AllreduceInstantiate);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AllreduceHandler);

@@ -51,6 +51,7 @@ Status MessageTable::Check(const std::string& name, const std::vector<Signature>
   };
   Status st;
   if (!(st = mismatch("kind", [](const Signature& s) { return std::string(KindName(s.kind)); })).ok()) return st;
+  if (!(st = mismatch("device", [](const Signature& s) { return std::string(DeviceName(s.device)); })).ok()) return st;
   if (!(st = mismatch("number of tensors", [](const Signature& s) { return std::to_string(s.tensors.size()); })).ok()) return st;
   const Signature& first = sigs[0];
   if (first.kind == Kind::kAllreduce) {

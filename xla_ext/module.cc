@@ -21,6 +21,9 @@
 #include "comm.h"
 #include "ffi_handlers.h"
 #include "runtime.h"
+#ifdef JAXCACHE_WITH_CUDA
+#include "cuda_handlers.h"
+#endif
 
 namespace nb = nanobind;
 using namespace jaxcache;
@@ -138,9 +141,12 @@ std::shared_ptr<Handle> Track(RequestPtr req, std::shared_ptr<Runtime> rt) {
 std::shared_ptr<Handle> SubmitArrays(int kind, const std::string& name,
                                      std::vector<InArray> inputs, std::vector<OutArray> outputs,
                                      int op, double prescale, double postscale, int root,
-                                     std::vector<int> dtype_codes, bool refuse_if_in_flight) {
+                                     std::vector<int> dtype_codes, bool refuse_if_in_flight,
+                                     int device) {
   if (inputs.size() != outputs.size())
     throw std::invalid_argument("jaxcache: inputs and outputs differ in number");
+  if (device != int(Device::kCpu) && device != int(Device::kCuda))
+    throw std::invalid_argument("jaxcache: unknown device kind " + std::to_string(device));
   auto rt = Running();
   auto req = std::make_unique<Request>();
   req->name = name;
@@ -149,6 +155,9 @@ std::shared_ptr<Handle> SubmitArrays(int kind, const std::string& name,
   req->sig.prescale = prescale;
   req->sig.postscale = postscale;
   req->sig.root = root;
+  // The buffers are host memory (a bridge staged device tensors already);
+  // the device kind only has to agree across ranks.
+  req->sig.device = static_cast<Device>(device);
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     TensorSpec spec;
     // An explicit code covers dtypes a producer cannot export (NumPy's bfloat16).
@@ -205,6 +214,7 @@ NB_MODULE(_jaxcache_ext, m) {
   m.def("waiters", [] { return waiters.load(); });
 
   m.def("ffi_api_version", [] { return std::make_pair(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR); });
+  // Targets by platform: {"cpu": {...}, "CUDA": {...}} (CUDA only when built with it).
   m.def("registrations", [] {
     auto stages = [](auto* instantiate, auto* execute) {
       nb::dict d;
@@ -212,17 +222,50 @@ NB_MODULE(_jaxcache_ext, m) {
       d["execute"] = Capsule(execute);
       return d;
     };
+    nb::dict cpu;
+    cpu["jaxcache_allreduce"] = stages(AllreduceInstantiate, AllreduceHandler);
+    cpu["jaxcache_broadcast"] = stages(BroadcastInstantiate, BroadcastHandler);
+    cpu["jaxcache_allgather"] = stages(AllgatherInstantiate, AllgatherHandler);
+    cpu["jaxcache_rank"] = Capsule(RankHandler);
     nb::dict d;
-    d["jaxcache_allreduce"] = stages(AllreduceInstantiate, AllreduceHandler);
-    d["jaxcache_broadcast"] = stages(BroadcastInstantiate, BroadcastHandler);
-    d["jaxcache_allgather"] = stages(AllgatherInstantiate, AllgatherHandler);
-    d["jaxcache_rank"] = Capsule(RankHandler);
+    d["cpu"] = cpu;
+#ifdef JAXCACHE_WITH_CUDA
+    nb::dict cuda;
+    cuda["jaxcache_allreduce"] = stages(AllreduceCudaInstantiate, AllreduceCudaHandler);
+    cuda["jaxcache_broadcast"] = stages(BroadcastCudaInstantiate, BroadcastCudaHandler);
+    cuda["jaxcache_allgather"] = stages(AllgatherCudaInstantiate, AllgatherCudaHandler);
+    cuda["jaxcache_rank"] = Capsule(RankCudaHandler);
+    d["CUDA"] = cuda;
+#endif
     return d;
   });
-  m.def("call_site_type", [] {
+#ifdef JAXCACHE_WITH_CUDA
+  m.def("cuda_built", [] { return true; });
+  // (device count, "" or why CUDA cannot start). Starts the CUDA runtime:
+  // call it only when asked, never at import.
+  m.def("cuda_device_count", [] {
+    std::string error;
+    int n = CudaDeviceCount(&error);
+    return std::make_pair(n, error);
+  });
+  m.def("cuda_runtime_version", [] { return CudaRuntimeVersion(); });
+  m.def("cuda_staging_bytes", [] { return CudaStagingBytes(); });
+#else
+  m.def("cuda_built", [] { return false; });
+#endif
+  // The call-site state type of each platform: {platform: (name, {type_id, type_info})}.
+  m.def("call_site_types", [] {
+    auto type = [](const char* name, void* id, void* info) {
+      nb::dict d;
+      d["type_id"] = nb::capsule(id);
+      d["type_info"] = nb::capsule(info);
+      return std::make_pair(std::string(name), d);
+    };
     nb::dict d;
-    d["type_id"] = nb::capsule(CallSiteTypeId());
-    d["type_info"] = nb::capsule(CallSiteTypeInfo());
+    d["cpu"] = type("jaxcache_call_site", CpuCallSiteTypeId(), CpuCallSiteTypeInfo());
+#ifdef JAXCACHE_WITH_CUDA
+    d["CUDA"] = type("jaxcache_call_site_cuda", CudaCallSiteTypeId(), CudaCallSiteTypeInfo());
+#endif
     return d;
   });
 
@@ -277,5 +320,6 @@ NB_MODULE(_jaxcache_ext, m) {
   m.def("submit", &SubmitArrays, nb::arg("kind"), nb::arg("name"), nb::arg("inputs").noconvert(),
         nb::arg("outputs").noconvert(), nb::arg("op") = 0, nb::arg("prescale") = 1.0,
         nb::arg("postscale") = 1.0, nb::arg("root") = 0,
-        nb::arg("dtype_codes") = std::vector<int>(), nb::arg("refuse_if_in_flight") = false);
+        nb::arg("dtype_codes") = std::vector<int>(), nb::arg("refuse_if_in_flight") = false,
+        nb::arg("device") = 0);
 }

@@ -7,11 +7,11 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, batching
 
 from .. import runtime
 from .._ext import ensure_registered
-from . import eager, naming, validation
+from . import eager, lowering, naming, validation
 from .allreduce import sum_values
 from .rank import traced_rank
 
@@ -82,7 +82,7 @@ def _batch(args, dims, **params):
 
 allgather_p.def_impl(_impl)
 allgather_p.def_abstract_eval(_abstract_eval)
-mlir.register_lowering(allgather_p, _lowering, platform="cpu", cacheable=False)
+lowering.register(allgather_p, _lowering, cacheable=False)
 ad.primitive_jvps[allgather_p] = _jvp
 ad.primitive_transposes[allgather_p] = _transpose
 batching.primitive_batchers[allgather_p] = _batch

@@ -21,11 +21,11 @@ import numpy as np
 import jax
 from jax.extend.core import Primitive
 from jax._src.lib.mlir import ir
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, batching
 
 from .. import runtime
 from .._ext import ensure_registered
-from . import eager, naming, validation
+from . import eager, lowering, naming, validation
 
 allreduce_p = Primitive("jaxcache_allreduce")
 allreduce_p.multiple_results = True
@@ -107,7 +107,7 @@ def _batch(args, dims, **params):
 allreduce_p.def_impl(_impl)
 allreduce_p.def_abstract_eval(_abstract_eval)
 # Not cacheable: each equation is lowered on its own, so each gets its own name.
-mlir.register_lowering(allreduce_p, _lowering, platform="cpu", cacheable=False)
+lowering.register(allreduce_p, _lowering, cacheable=False)
 ad.primitive_jvps[allreduce_p] = _jvp
 ad.primitive_transposes[allreduce_p] = _transpose
 batching.primitive_batchers[allreduce_p] = _batch

@@ -10,6 +10,7 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from .. import devices
 from .._ext import ext
 from ..errors import CollectiveError, raise_for_status
 
@@ -65,12 +66,18 @@ def run(kind: int, name: str, inputs: Sequence[jax.Array], out_shapes: Sequence[
             f"jaxcache: collective '{name}' was prepared for {world_size} ranks but the runtime "
             f"now has {size}; trace the function again, e.g. after jax.clear_caches()"
         )
-    # np.asarray of a CPU jax array is a read-only view of its buffer: no copy.
+    # Results go back to the device of the first operand; its kind joins the signature.
+    device = getattr(inputs[0], "device", None) if inputs else None
+    kind_code = devices.code(device.platform) if device is not None else devices.CPU
+    # np.asarray of a CPU jax array is a read-only view of its buffer: no copy (a GPU array
+    # is copied to the host: eager calls on GPU arrays are staged by JAX itself).
     ins = [np.ascontiguousarray(np.asarray(x)) for x in inputs]
     outs = [np.empty(shape, x.dtype) for shape, x in zip(out_shapes, ins)]
     codes = [DTYPE_CODES[x.dtype] for x in ins]
     handle = ext.submit(kind, name, [_bits(x) for x in ins], [_bits(o) for o in outs],
-                        op, float(prescale), float(postscale), root, codes)
+                        op, float(prescale), float(postscale), root, codes, device=kind_code)
     status, message = wait(handle, (ins, outs))
     raise_for_status(status, message)
-    return [jnp.asarray(o) for o in outs]
+    if device is None or (kind_code == devices.CPU and jax.default_backend() == "cpu"):
+        return [jnp.asarray(o) for o in outs]
+    return [jax.device_put(o, device) for o in outs]

@@ -11,10 +11,11 @@ import numpy as np
 
 import jax
 from jax.extend.core import Primitive
-from jax.interpreters import batching, mlir
+from jax.interpreters import batching
 
 from .. import runtime
 from .._ext import ensure_registered
+from . import lowering
 
 rank_p = Primitive("jaxcache_rank")
 
@@ -30,7 +31,7 @@ def _lowering(ctx):
 
 rank_p.def_impl(lambda: np.int32(runtime.rank()))
 rank_p.def_abstract_eval(_abstract_eval)
-mlir.register_lowering(rank_p, _lowering, platform="cpu")
+lowering.register(rank_p, _lowering)
 batching.primitive_batchers[rank_p] = lambda args, dims: (rank_p.bind(), None)
 
 

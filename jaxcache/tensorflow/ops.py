@@ -1,7 +1,9 @@
 """Submitting collectives on TensorFlow tensors to the jaxcache runtime (validation, names, run).
 
 Eager tensors are handed to the runtime through DLPack (zero-copy for CPU tensors); the
-results are written into NumPy buffers that become tensors with tf.convert_to_tensor.
+results are written into NumPy buffers that become tensors with tf.convert_to_tensor. GPU
+tensors are staged: TensorFlow copies them to the host (after the work that produced them),
+their request counts as CUDA in the signature, and their results go back to their device.
 Inside tf.function the same collectives run through tf.py_function: TensorFlow's automatic
 control dependencies execute such stateful ops in program order, so every rank submits
 them in the same order and a blocked op can never wait for one its own graph has not run.
@@ -16,6 +18,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
+from .. import devices as _devices
 from .. import runtime as _runtime
 from .._ext import ext
 from ..compat import pending
@@ -106,8 +109,12 @@ def auto_name(kind: str, name: str | None, fn: str) -> str:
 # Eager execution
 
 
+def _on_gpu(x: tf.Tensor) -> bool:
+    return "GPU" in (x.device or "").upper()
+
+
 def _cpu(x: tf.Tensor) -> tf.Tensor:
-    if "GPU" in (x.device or "").upper():
+    if _on_gpu(x):
         with tf.device("CPU:0"):
             return tf.identity(x)
     return x
@@ -127,6 +134,7 @@ def submit_eager(kind: int, names: list[str], groups: list[list[tf.Tensor]], *, 
     in_flight, error = [], None
     for name, tensors in zip(names, groups):
         ins, outs, codes = [], [], []
+        device = _devices.CUDA if any(_on_gpu(t) for t in tensors) else _devices.CPU
         for t in tensors:
             t = _cpu(t)
             nd = np_dtype(t.dtype)
@@ -141,7 +149,7 @@ def submit_eager(kind: int, names: list[str], groups: list[list[tf.Tensor]], *, 
         try:
             handle = ext.submit(kind, name, ins, [_bits(o) for o in outs], op, float(prescale),
                                 float(postscale), int(root), codes,
-                                refuse_if_in_flight=name not in _automatic)
+                                refuse_if_in_flight=name not in _automatic, device=device)
         except BaseException as e:  # submit refused: still wait for what is already in flight
             error = e
             break
@@ -168,15 +176,24 @@ def submit_eager(kind: int, names: list[str], groups: list[list[tf.Tensor]], *, 
     return results
 
 
-def _to_tf(a: np.ndarray) -> tf.Tensor:
+def _to_tf(a: np.ndarray, like: tf.Tensor | None = None) -> tf.Tensor:
+    """A tensor of `a`, on the GPU of `like` when `like` lives on one."""
+    if like is not None and _on_gpu(like):
+        with tf.device(like.device):
+            return tf.identity(tf.convert_to_tensor(a))
     return tf.convert_to_tensor(a)
 
 
 def run(kind: int, names: list[str], groups: list[list[tf.Tensor]], **kw) -> list[list[tf.Tensor]]:
-    """Eager or (inside tf.function) through one tf.py_function for all the requests."""
+    """Eager or (inside tf.function) through one tf.py_function for all the requests.
+
+    Inside tf.function the device kind in the signature is that of the tensors TensorFlow
+    hands to the py_function (it decides where that op runs).
+    """
     flat = [t for g in groups for t in g]
     if tf.executing_eagerly():
-        return [[_to_tf(o) for o in outs] for outs in submit_eager(kind, names, groups, **kw)]
+        return [[_to_tf(o, t) for o, t in zip(outs, g)]
+                for outs, g in zip(submit_eager(kind, names, groups, **kw), groups)]
     sizes = [len(g) for g in groups]
     size = _runtime.size()
 
@@ -184,7 +201,7 @@ def run(kind: int, names: list[str], groups: list[list[tf.Tensor]], **kw) -> lis
         it = iter(tensors)
         regrouped = [[next(it) for _ in range(n)] for n in sizes]
         outs = submit_eager(kind, names, regrouped, **kw)
-        return [_to_tf(o) for g in outs for o in g]
+        return [_to_tf(o, t) for g_out, g_in in zip(outs, regrouped) for o, t in zip(g_out, g_in)]
 
     out = tf.py_function(body, flat, Tout=[t.dtype for t in flat])
     if not isinstance(out, (list, tuple)):

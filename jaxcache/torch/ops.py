@@ -3,7 +3,9 @@
 A contiguous CPU tensor is handed to the runtime as is (zero-copy: the runtime reads and
 writes the tensor's own memory). Anything else -- a non-contiguous view, a tensor with a
 lazy conjugate/negative bit, a tensor on another device -- is staged through a contiguous
-CPU copy, and in-place results are copied back into the original after completion.
+CPU copy, and in-place results are copied back into the original after completion. CUDA
+tensors are staged through pinned memory on their current stream (staging.py) and count
+as CUDA in the request's signature.
 
 Every request is asynchronous in the runtime: the `*_async` functions return a `Handle`
 at once; `synchronize(handle)` waits (without holding the GIL) and returns the result.
@@ -19,6 +21,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .. import devices as _devices
 from .. import runtime as _runtime
 from .._ext import ext
 from ..compat import pending, process_sets, reduce_ops
@@ -26,6 +29,7 @@ from ..compat.process_sets import global_process_set
 from ..errors import MismatchError, raise_for_status
 from ..ops import naming, validation
 from ..ops.eager import DTYPE_CODES as _NP_DTYPE_CODES
+from . import staging
 
 KIND_ALLREDUCE, KIND_BROADCAST, KIND_ALLGATHER = 0, 1, 2
 _DUPLICATE = 4  # xla_ext/common.h ErrorKind::kDuplicate
@@ -131,8 +135,15 @@ def _zero_copy_ok(t: torch.Tensor) -> bool:
 
 def _staged(t: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU copy with conjugate/negative bits materialized."""
+    if t.is_cuda:
+        return staging.to_host(t)
     return t.resolve_conj().resolve_neg().to(device="cpu", memory_format=torch.contiguous_format,
                                              copy=True)
+
+
+def _result_buffer(shape, src: torch.Tensor) -> torch.Tensor:
+    """Where the runtime writes a new result (pinned when it is headed to a CUDA device)."""
+    return staging.host_buffer(shape, src.dtype) if src.is_cuda else torch.empty(shape, dtype=src.dtype)
 
 
 _SAME_WIDTH_INT = {2: torch.int16}
@@ -194,7 +205,10 @@ class Handle:
     def _finish(self):
         if self._copy_back:
             for dst, buf in self._copy_back:
-                dst.copy_(buf)
+                if dst.is_cuda:
+                    staging.copy_back(dst, buf)
+                else:
+                    dst.copy_(buf)
         out = self._results
         if self._bump or self._copy_back is not None:
             out = []
@@ -202,6 +216,8 @@ class Handle:
                 if r is t:
                     if self._bump:
                         _bump_version(t.detach())
+                elif t.is_cuda:
+                    r = staging.to_device(r, t.device)
                 elif not t.is_cpu:
                     r = r.to(t.device)
                 out.append(r)
@@ -231,9 +247,12 @@ def submit(kind: int, name: str, tensors: Sequence[torch.Tensor], *, inplace: bo
     size = _runtime.size() if kind == KIND_ALLGATHER else 1
     inputs, outputs, codes, results = [], [], [], []
     copy_back = None  # None: every tensor is a contiguous CPU tensor used as is
+    device = _devices.CPU
     try:
         for t in tensors:
             src = t.detach() if t.requires_grad else t
+            if src.is_cuda:
+                device = _devices.CUDA
             codes.append(_DTYPE_CODES[src.dtype])
             direct = _zero_copy_ok(src)
             if not direct and copy_back is None:
@@ -241,7 +260,7 @@ def submit(kind: int, name: str, tensors: Sequence[torch.Tensor], *, inplace: bo
             if kind == KIND_ALLGATHER:
                 inp = _export(src if direct else _staged(src))
                 shape = (size,) if src.dim() == 0 else (size * src.shape[0], *src.shape[1:])
-                r = torch.empty(shape, dtype=src.dtype)
+                r = _result_buffer(shape, src)
                 out = _export(r)
             elif inplace:
                 if direct:
@@ -253,13 +272,13 @@ def submit(kind: int, name: str, tensors: Sequence[torch.Tensor], *, inplace: bo
                 r = t
             else:
                 inp = _export(src if direct else _staged(src))
-                r = torch.empty(src.shape, dtype=src.dtype)
+                r = _result_buffer(src.shape, src)
                 out = _export(r)
             inputs.append(inp)
             outputs.append(out)
             results.append(r)
         native = ext.submit(kind, name, inputs, outputs, op, prescale, postscale, root, codes,
-                            refuse_if_in_flight=not auto_name)
+                            refuse_if_in_flight=not auto_name, device=device)
         if not auto_name and native.poll():
             # A refused duplicate completed at once: raise before anything else happens.
             status, message = native.wait()

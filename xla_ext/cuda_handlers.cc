@@ -1,0 +1,204 @@
+#include "cuda_handlers.h"
+
+#include <cuda_runtime.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <vector>
+
+#include "cuda_staging.h"
+#include "ffi_handlers.h"
+#include "runtime.h"
+
+namespace ffi = xla::ffi;
+
+namespace jaxcache {
+
+ffi::TypeId CudaCallSite::id = {};
+
+namespace {
+
+XLA_FFI_TypeInfo cuda_call_site_type_info = ffi::MakeTypeInfo<CudaCallSite>();
+
+// Staging offsets are aligned like device allocations, so that the DMA
+// engines and the runtime's vectorised copies see aligned host memory.
+constexpr std::size_t kAlign = 256;
+std::size_t Aligned(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Where one tensor's operand and result live in the staging block.
+struct Region {
+  std::size_t in_offset, in_bytes, out_offset, out_bytes;
+};
+
+// The calling thread sleeps until the runtime completes the request.
+class Waiter {
+ public:
+  void Finish(const Status& st) {
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = st;
+    done_ = true;
+    cv_.notify_all();
+  }
+  Status Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+    return status_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  Status status_;
+};
+
+ffi::Error CudaFailure(const std::string& name, const std::string& what) {
+  return ToFfiError(Status::Error(ErrorKind::kInternal,
+                                  "jaxcache: CUDA staging of '" + name + "' failed: " + what),
+                    ffi::ErrorCode::kInternal);
+}
+
+ffi::Error RunStaged(cudaStream_t stream, const CollectiveCall& call, const CallSite& site,
+                     ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  PreparedRequest prepared = PrepareRequest(call, site, Device::kCuda, args, rets);
+  if (!prepared.request) return ToFfiError(prepared.status, ffi::ErrorCode::kFailedPrecondition);
+  Request& req = *prepared.request;
+  const std::string name = req.name;
+
+  // Reductions and broadcasts work in place, so one region serves as operand
+  // and result; any other collective gets a separate result region.
+  const bool in_place = call.kind == Kind::kAllreduce || call.kind == Kind::kBroadcast;
+  std::vector<Region> regions(req.inputs.size());
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < regions.size(); ++i) {
+    Region& r = regions[i];
+    r.in_bytes = args.get<ffi::AnyBuffer>(i)->size_bytes();
+    r.out_bytes = (*rets.get<ffi::AnyBuffer>(i))->size_bytes();
+    r.in_offset = total;
+    total += Aligned(r.in_bytes);
+    if (in_place) {
+      r.out_offset = r.in_offset;
+    } else {
+      r.out_offset = total;
+      total += Aligned(r.out_bytes);
+    }
+  }
+
+  std::string error;
+  StagingLease staging;
+  if (!staging.Acquire(total, stream, &error)) return CudaFailure(name, error);
+  char* host = staging.data();
+  cudaError_t err;
+  for (std::size_t i = 0; i < regions.size(); ++i) {
+    if (regions[i].in_bytes == 0) continue;
+    err = cudaMemcpyAsync(host + regions[i].in_offset, req.inputs[i], regions[i].in_bytes,
+                          cudaMemcpyDeviceToHost, stream);
+    if (err != cudaSuccess) return CudaFailure(name, CudaErrorText("cudaMemcpyAsync", err));
+  }
+  // Waits for the operands (and whatever produced them on XLA's stream).
+  if ((err = cudaEventRecord(staging.event(), stream)) != cudaSuccess ||
+      (err = cudaEventSynchronize(staging.event())) != cudaSuccess)
+    return CudaFailure(name, CudaErrorText("waiting for the device-to-host copy", err));
+
+  std::vector<void*> device_outputs = req.outputs;
+  for (std::size_t i = 0; i < regions.size(); ++i) {
+    req.inputs[i] = host + regions[i].in_offset;
+    req.outputs[i] = host + regions[i].out_offset;
+  }
+  Waiter waiter;
+  // Cheap: it only wakes this thread, so the runtime may run it directly.
+  req.done = Completion([&waiter](const Status& st) { waiter.Finish(st); }, /*cheap=*/true);
+  const bool drive = req.sig.NumBytes() <= kInlineBytes;  // this thread waits anyway
+  prepared.runtime->Submit(std::move(prepared.request), drive);
+  Status status = waiter.Wait();
+  if (!status.ok()) return ToFfiError(status, ffi::ErrorCode::kAborted);
+
+  for (std::size_t i = 0; i < regions.size(); ++i) {
+    if (regions[i].out_bytes == 0) continue;
+    err = cudaMemcpyAsync(device_outputs[i], host + regions[i].out_offset, regions[i].out_bytes,
+                          cudaMemcpyHostToDevice, stream);
+    if (err != cudaSuccess) return CudaFailure(name, CudaErrorText("cudaMemcpyAsync", err));
+  }
+  // The block stays out of the pool until these copies have run.
+  if (!staging.Release(&error)) return CudaFailure(name, error);
+  return ffi::Error::Success();
+}
+
+ffi::Error AllreduceImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
+                         ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size,
+                         int64_t op, double prescale, double postscale) {
+  return RunStaged(stream,
+                   {Kind::kAllreduce, world_size, static_cast<ReduceOp>(op), prescale, postscale, 0},
+                   *site, args, rets);
+}
+
+ffi::Error BroadcastImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
+                         ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size,
+                         int64_t root) {
+  return RunStaged(stream,
+                   {Kind::kBroadcast, world_size, ReduceOp::kSum, 1.0, 1.0, static_cast<int32_t>(root)},
+                   *site, args, rets);
+}
+
+ffi::Error AllgatherImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
+                         ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size) {
+  return RunStaged(stream, {Kind::kAllgather, world_size}, *site, args, rets);
+}
+
+ffi::Error RankImpl(cudaStream_t stream, ffi::Result<ffi::Buffer<ffi::S32>> out) {
+  auto rank = RunningRank();
+  if (rank.has_error()) return rank.error();
+  // A copy from pageable memory returns once the source has been read.
+  int32_t value = rank.value();
+  cudaError_t err = cudaMemcpyAsync(out->typed_data(), &value, sizeof value,
+                                    cudaMemcpyHostToDevice, stream);
+  if (err != cudaSuccess) return CudaFailure("jaxcache_rank", CudaErrorText("cudaMemcpyAsync", err));
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+int CudaDeviceCount(std::string* error) {
+  int n = 0;
+  cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    *error = CudaErrorText("cudaGetDeviceCount", err);
+    return -1;
+  }
+  return n;
+}
+
+int CudaRuntimeVersion() {
+  int v = 0;
+  cudaRuntimeGetVersion(&v);
+  return v;
+}
+
+std::size_t CudaStagingBytes() { return StagingPool::Get().held_bytes(); }
+
+void* CudaCallSiteTypeId() { return &CudaCallSite::id; }
+void* CudaCallSiteTypeInfo() { return &cuda_call_site_type_info; }
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AllreduceCudaInstantiate, InstantiateReduce<CudaCallSite>,
+                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_REDUCE_ATTRS);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BroadcastCudaInstantiate, InstantiateBroadcast<CudaCallSite>,
+                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_BROADCAST_ATTRS);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherCudaInstantiate, InstantiateGather<CudaCallSite>,
+                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_COMMON_ATTRS);
+
+#define JAXCACHE_CUDA_BIND \
+  ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::State<CudaCallSite>>() \
+      .RemainingArgs().RemainingRets()
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AllreduceCudaHandler, AllreduceImpl,
+                              JAXCACHE_CUDA_BIND JAXCACHE_FFI_REDUCE_ATTRS);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(BroadcastCudaHandler, BroadcastImpl,
+                              JAXCACHE_CUDA_BIND JAXCACHE_FFI_BROADCAST_ATTRS);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherCudaHandler, AllgatherImpl,
+                              JAXCACHE_CUDA_BIND JAXCACHE_FFI_COMMON_ATTRS);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RankCudaHandler, RankImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>());
+
+}  // namespace jaxcache
