@@ -233,7 +233,8 @@ void Runtime::Loop() {
       if (!resumed) last_cycle = Clock::now();
       const bool busy = resumed || controller_->HasPending() || table_.generation() != seen;
       microseconds backoff = kMinBackoff;
-      const auto spin_until = Clock::now() + (busy ? kBusySpin : microseconds(0));
+      const auto waiting_since = Clock::now();  // a handed-over cycle has just been polled
+      const auto spin_until = waiting_since + (busy ? kBusySpin : microseconds(0));
       while (!Advance()) {
         if (Clock::now() < spin_until) {
           std::this_thread::yield();
@@ -245,7 +246,7 @@ void Runtime::Loop() {
         if (table_.WaitForNews(backoff, &seen)) {
           backoff = kMinBackoff;
         } else {
-          auto waited = std::chrono::duration_cast<microseconds>(Clock::now() - last_cycle);
+          auto waited = std::chrono::duration_cast<microseconds>(Clock::now() - waiting_since);
           auto cap = std::clamp(waited / 10, busy ? kBusyMaxBackoff : kIdleMaxBackoff, kLongMaxBackoff);
           backoff = std::min(backoff * 2, cap);
         }
