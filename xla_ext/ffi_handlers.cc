@@ -104,6 +104,8 @@ ffi::Future Submit(Kind kind, const CallSite& site, ffi::RemainingArgs args,
   req->sig.prescale = prescale;
   req->sig.postscale = postscale;
   req->sig.root = root;
+  // XLA's result buffers are sized for equal shapes (blocks) on every rank.
+  req->sig.static_shapes = kind == Kind::kAllgather || kind == Kind::kAlltoall;
   for (std::size_t i = 0; i < args.size(); ++i) {
     auto in = args.get<ffi::AnyBuffer>(i);
     auto out = rets.get<ffi::AnyBuffer>(i);
@@ -116,7 +118,7 @@ ffi::Future Submit(Kind kind, const CallSite& site, ffi::RemainingArgs args,
     spec.dtype = *dtype;
     auto dims = in->dimensions();
     spec.shape.assign(dims.begin(), dims.end());
-    const std::size_t want = spec.NumBytes() * (kind == Kind::kAllgather ? size : 1);
+    const std::size_t want = ResultBytes(kind, spec, runtime->comm().rank(), size);
     if ((*out)->size_bytes() != want || (*out)->element_type() != in->element_type())
       return Failed(ErrorKind::kInvalidArgument,
                     "jaxcache: result " + std::to_string(i) + " of '" + name + "' has " +
@@ -154,6 +156,18 @@ ffi::Future BroadcastImpl(CallSite* site, ffi::RemainingArgs args, ffi::Remainin
 ffi::Future AllgatherImpl(CallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
                           std::string_view, int64_t, int64_t world_size) {
   return Submit(Kind::kAllgather, *site, args, rets, world_size, ReduceOp::kSum, 1.0, 1.0, 0);
+}
+
+ffi::Future ReducescatterImpl(CallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                              std::string_view, int64_t, int64_t world_size, int64_t op,
+                              double prescale, double postscale) {
+  return Submit(Kind::kReducescatter, *site, args, rets, world_size, static_cast<ReduceOp>(op),
+                prescale, postscale, 0);
+}
+
+ffi::Future AlltoallImpl(CallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                         std::string_view, int64_t, int64_t world_size) {
+  return Submit(Kind::kAlltoall, *site, args, rets, world_size, ReduceOp::kSum, 1.0, 1.0, 0);
 }
 
 ffi::ErrorOr<std::unique_ptr<CallSite>> InstantiateReduce(std::string_view name, int64_t program,
@@ -210,6 +224,28 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(BroadcastHandler, BroadcastImpl,
                                   .RemainingArgs()
                                   .RemainingRets() JAXCACHE_COMMON_ATTRS
                                   .Attr<int64_t>("root"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ReducescatterInstantiate, InstantiateReduce,
+                              ffi::Ffi::BindInstantiate() JAXCACHE_COMMON_ATTRS
+                                  .Attr<int64_t>("op")
+                                  .Attr<double>("prescale")
+                                  .Attr<double>("postscale"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ReducescatterHandler, ReducescatterImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::State<CallSite>>()
+                                  .RemainingArgs()
+                                  .RemainingRets() JAXCACHE_COMMON_ATTRS
+                                  .Attr<int64_t>("op")
+                                  .Attr<double>("prescale")
+                                  .Attr<double>("postscale"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AlltoallInstantiate, InstantiateGather,
+                              ffi::Ffi::BindInstantiate() JAXCACHE_COMMON_ATTRS);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AlltoallHandler, AlltoallImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::State<CallSite>>()
+                                  .RemainingArgs()
+                                  .RemainingRets() JAXCACHE_COMMON_ATTRS);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherInstantiate, InstantiateGather,
                               ffi::Ffi::BindInstantiate() JAXCACHE_COMMON_ATTRS);

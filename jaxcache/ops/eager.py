@@ -13,7 +13,8 @@ import jax.numpy as jnp
 from .._ext import ext
 from ..errors import CollectiveError, raise_for_status
 
-KIND_ALLREDUCE, KIND_BROADCAST, KIND_ALLGATHER = 0, 1, 2
+# Codes of xla_ext/common.h Kind.
+KIND_ALLREDUCE, KIND_BROADCAST, KIND_ALLGATHER, KIND_BARRIER, KIND_REDUCESCATTER, KIND_ALLTOALL = range(6)
 
 # Codes of xla_ext/common.h DType.
 DTYPE_CODES = {
@@ -74,3 +75,28 @@ def run(kind: int, name: str, inputs: Sequence[jax.Array], out_shapes: Sequence[
     status, message = wait(handle, (ins, outs))
     raise_for_status(status, message)
     return [jnp.asarray(o) for o in outs]
+
+
+def run_allocated(kind: int, name: str, inputs: Sequence, world_size: int,
+                  splits: Sequence[int] = (), refuse_if_in_flight: bool = False,
+                  ) -> tuple[list[np.ndarray], list[int]]:
+    """An allgather or alltoall whose outputs the runtime sizes from what the ranks agreed.
+
+    Returns the outputs as NumPy arrays (views of the runtime's buffers, no copy) and the
+    agreed rows: per tensor and rank for an allgather (`rows[t * size + r]`), received from
+    each rank for an alltoall.
+    """
+    size = ext.size()
+    if world_size != size:
+        raise CollectiveError(
+            f"jaxcache: collective '{name}' was prepared for {world_size} ranks but the runtime "
+            f"now has {size}"
+        )
+    ins = [np.ascontiguousarray(np.asarray(x)) for x in inputs]
+    codes = [DTYPE_CODES[x.dtype] for x in ins]
+    handle = ext.submit_allocated(kind, name, [_bits(x) for x in ins], list(splits), codes,
+                                  refuse_if_in_flight)
+    status, message = wait(handle, ins)
+    raise_for_status(status, message)
+    outs = [raw.view(x.dtype).reshape(shape) for (raw, shape), x in zip(handle.results(), ins)]
+    return outs, list(handle.rows())
