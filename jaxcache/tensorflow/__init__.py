@@ -22,12 +22,24 @@ from ..errors import (  # noqa: F401  (re-exported)
     StallError,
 )
 from ..runtime import barrier, init, is_initialized, local_rank, local_size, rank, shutdown, size
-from .ops import allgather, allreduce, broadcast, broadcast_variables, grouped_allreduce
+from .collectives import (
+    allgather,
+    allgather_object,
+    alltoall,
+    broadcast_object,
+    grouped_allgather,
+    grouped_reducescatter,
+    join,
+    reducescatter,
+)
+from .ops import allreduce, broadcast, broadcast_variables, grouped_allreduce
 from .tape import DistributedGradientTape
 
 __all__ = [
     "barrier", "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "allreduce", "grouped_allreduce", "broadcast", "allgather", "broadcast_variables",
+    "allreduce", "grouped_allreduce", "broadcast", "allgather", "grouped_allgather",
+    "reducescatter", "grouped_reducescatter", "alltoall", "join", "broadcast_variables",
+    "broadcast_object", "allgather_object",
     "DistributedGradientTape",
     "JaxcacheError", "MismatchError", "StallError", "ShutdownError", "DuplicateNameError",
     "CollectiveError",

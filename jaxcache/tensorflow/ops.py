@@ -64,8 +64,8 @@ def check_reduction(x, op: str, prescale, postscale, fn: str, what: str) -> None
 
 
 def reduce_args(op: str, prescale: float, postscale: float) -> tuple[int, float, float]:
-    if op == "average":
-        return validation.REDUCE_OPS["sum"], float(prescale), float(postscale) / _runtime.size()
+    """Wire op code and scales. The runtime divides an 'average' by the ranks that contribute
+    (every rank, or those that have not joined)."""
     return validation.REDUCE_OPS[op], float(prescale), float(postscale)
 
 
@@ -248,15 +248,6 @@ def broadcast(tensor, root_rank: int = 0, name: str | None = None) -> tf.Tensor:
     root = validation.check_root(root_rank, _runtime.size(), "tensorflow.broadcast")
     name = auto_name("broadcast", name, "broadcast")
     return run(KIND_BROADCAST, [name], [[t]], root=root)[0][0]
-
-
-@_api
-def allgather(tensor, name: str | None = None) -> tf.Tensor:
-    """Every rank's `tensor` concatenated along axis 0 (a scalar gives a vector); same shapes."""
-    _runtime.require_initialized("jaxcache.tensorflow.allgather")
-    t = as_tensor(tensor, "allgather", f"tensor {name!r}" if name else "tensor")
-    name = auto_name("allgather", name, "allgather")
-    return run(KIND_ALLGATHER, [name], [[t]])[0][0]
 
 
 @_api

@@ -22,11 +22,23 @@ from ..errors import (  # noqa: F401  (re-exported: what synchronize() raises)
     StallError,
 )
 from ..runtime import barrier, init, is_initialized, local_rank, local_size, rank, shutdown, size
+from .collectives import (
+    allgather,
+    allgather_async,
+    allgather_object,
+    alltoall,
+    alltoall_async,
+    grouped_allgather,
+    grouped_allgather_async,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
+    join,
+    reducescatter,
+    reducescatter_async,
+)
 from .functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .ops import (
     Handle,
-    allgather,
-    allgather_async,
     allreduce,
     allreduce_,
     allreduce_async,
@@ -48,8 +60,10 @@ __all__ = [
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
-    "allgather", "allgather_async", "poll", "synchronize", "Handle",
-    "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
+    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+    "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async",
+    "alltoall", "alltoall_async", "join", "poll", "synchronize", "Handle",
+    "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "DistributedOptimizer",
     "JaxcacheError", "MismatchError", "StallError", "ShutdownError", "DuplicateNameError",
     "CollectiveError",

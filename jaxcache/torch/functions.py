@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-import pickle
 from collections.abc import Mapping
 
 import torch
 
+from .. import objects
 from .. import runtime as _runtime
 from . import ops
 
@@ -48,19 +48,9 @@ def agree(tag: str, items: list[str], fn: str, what: str) -> None:
 
 
 def broadcast_object(obj=None, root_rank: int = 0, name: str | None = None):
-    """`root_rank`'s picklable `obj`, on every rank (two small broadcasts)."""
-    _runtime.require_initialized("jaxcache.torch.broadcast_object")
-    root = ops.check_root(root_rank, "broadcast_object")
-    ops.check_name(name, "broadcast_object")
-    base = name or "torch.broadcast_object"
-    is_root = _runtime.rank() == root
-    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if is_root else b""
-    length = torch.tensor([len(payload)], dtype=torch.int64)
-    ops.synchronize(ops.submit(ops.KIND_BROADCAST, f"{base}.len", [length], inplace=True, root=root))
-    n = int(length.item())
-    buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if is_root else torch.empty(n, dtype=torch.uint8)
-    ops.synchronize(ops.submit(ops.KIND_BROADCAST, f"{base}.data", [buf], inplace=True, root=root))
-    return obj if is_root else pickle.loads(buf.numpy().tobytes())
+    """`root_rank`'s picklable `obj`, on every rank (two small broadcasts; shared with jaxcache
+    and jaxcache.tensorflow)."""
+    return objects.broadcast(obj, root_rank, name, "torch.broadcast_object")
 
 
 def _signature(t: torch.Tensor) -> str:

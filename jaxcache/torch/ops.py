@@ -88,9 +88,8 @@ def check_op(op, fn: str) -> str:
 
 
 def reduce_args(op: str, prescale: float, postscale: float) -> tuple[int, float, float]:
-    """Wire op code and scales; 'average' is a sum with postscale 1/size."""
-    if op == "average":
-        return validation.REDUCE_OPS["sum"], float(prescale), float(postscale) / _runtime.size()
+    """Wire op code and scales. The runtime divides an 'average' by the ranks that contribute
+    (every rank, or those that have not joined)."""
     return validation.REDUCE_OPS[op], float(prescale), float(postscale)
 
 
@@ -436,22 +435,3 @@ def broadcast_async_(tensor, root_rank: int = 0, name: str | None = None) -> Han
 def broadcast_(tensor, root_rank: int = 0, name: str | None = None) -> torch.Tensor:
     """In-place broadcast: overwrites `tensor` with `root_rank`'s value and returns it."""
     return synchronize(_broadcast_submit(tensor, root_rank, name, "broadcast_", True))
-
-
-def _allgather_submit(tensor, name, fn):
-    _runtime.require_initialized(f"jaxcache.torch.{fn}")
-    check_tensor(tensor, fn, f"tensor {name!r}" if name else "tensor")
-    name, auto = _name_or_auto(name, "allgather", fn)
-    return submit(KIND_ALLGATHER, name, [tensor], inplace=False, auto_name=auto)
-
-
-def allgather_async(tensor, name: str | None = None) -> Handle:
-    return _allgather_submit(tensor, name, "allgather_async")
-
-
-def allgather(tensor, name: str | None = None) -> torch.Tensor:
-    """Every rank's `tensor` concatenated along dim 0 in rank order (a scalar gives a vector).
-
-    All ranks must pass the same shape.
-    """
-    return synchronize(_allgather_submit(tensor, name, "allgather"))
