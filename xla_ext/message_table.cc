@@ -58,12 +58,14 @@ class Checker {
   using Field = std::function<std::string(const Signature&)>;
   // A MismatchError when `key` differs between the submitting ranks; the
   // message shows `shown` (default: the key) of every rank.
-  Status Same(const std::string& field, const Field& key, const Field& shown = nullptr) const {
+  // Only the ranks for which `among` holds (default: every submitting rank) count.
+  Status Same(const std::string& field, const Field& key, const Field& shown = nullptr,
+              const std::function<bool(const Signature&)>& among = nullptr) const {
     std::vector<std::optional<std::string>> values(by_rank_.size());
     std::optional<std::string> seen;
     bool differs = false;
     for (std::size_t r = 0; r < by_rank_.size(); ++r) {
-      if (!by_rank_[r]) continue;
+      if (!by_rank_[r] || (among && !among(*by_rank_[r]))) continue;
       std::string k = key(*by_rank_[r]);
       if (seen && *seen != k) differs = true;
       if (!seen) seen = k;
@@ -155,9 +157,10 @@ Status DecideAlltoall(const Checker& c, Agreement* agreement) {
   JAXCACHE_RETURN_IF_ERROR(CheckScalars(c));
   JAXCACHE_RETURN_IF_ERROR(CheckTensors(c, true));
   const int size = c.size();
-  JAXCACHE_RETURN_IF_ERROR(c.Same("number of splits", [](const Signature& s) {
-    return s.splits.empty() ? std::string("none (equal blocks)") : std::to_string(s.splits.size());
-  }));
+  // Ranks without splits send equal blocks; those with splits must agree on their number.
+  JAXCACHE_RETURN_IF_ERROR(c.Same(
+      "number of splits", [](const Signature& s) { return std::to_string(s.splits.size()); }, nullptr,
+      [](const Signature& s) { return !s.splits.empty(); }));
   Status bad;
   agreement->rows.assign(static_cast<std::size_t>(size) * size, 0);
   c.ForEachRank([&](int r, const Signature& s) {
