@@ -2,7 +2,11 @@
 rank (every dtype and op allreduce supports; eager and jit), out of order from threads and
 inside one jitted program, and their mismatches (MismatchError on every rank).
 
-    vocabulary.py reducescatter|allgather|alltoall|objects|threads|errors
+    vocabulary.py reducescatter|allgather|alltoall|objects|threads|errors|data-paths
+
+data-paths runs each kind of data movement once more (even and uneven); the tests run it
+with JAXCACHE_MAX_MPI_COUNT lowered (chunked fallbacks) and with
+JAXCACHE_STALL_SHUTDOWN_TIME set (nonblocking, watched MPI calls).
 """
 
 import jax
@@ -336,6 +340,33 @@ elif scenario == "errors":
     expect_error(lambda: jc.alltoall(jnp.ones(size), splits="ab"), TypeError, "splits")
     expect_error(lambda: jc.reducescatter(jnp.ones(size, jnp.int32), "average"), TypeError, "average")
     healthy("end")
+
+elif scenario == "data-paths":
+    n = 1000 * size + 3  # several chunks of JAXCACHE_MAX_MPI_COUNT=1000, uneven split
+    for dtype in (np.float32, np.float16, np.int64):
+        inputs = [local_input(dtype, (n, 3), "sum", r, 9) for r in range(size)]
+        y = jc.reducescatter(jnp.asarray(inputs[rank]), "sum", name=f"dp.rs.{np.dtype(dtype)}")
+        rtol, atol = tolerance(dtype)
+        assert_close(np.asarray(y), my_rows(reference(inputs, "sum", dtype)), f"chunked rs {dtype}", rtol, atol)
+        even = [x[: 1000 * size] for x in inputs]
+        op = "average" if np.dtype(dtype).kind == "f" else "max"
+        y = jit_once(f"dp.rs.jit.{np.dtype(dtype)}", lambda v, d=dtype, op=op: jc.reducescatter(
+            v, op, name=f"dp.rs.jit.{np.dtype(d)}"))(jnp.asarray(even[rank]))
+        assert_close(np.asarray(y), my_rows(reference(even, op, dtype)), f"chunked rs jit {dtype}", rtol, atol)
+    parts = [local_input(np.float32, (700 * (r + 1), 2), "sum", r, 10) for r in range(size)]
+    out = jc.allgather(jnp.asarray(parts[rank]), name="dp.ag")
+    assert_close(np.asarray(out), np.concatenate(parts), "chunked uneven allgather")
+    out = jc.allgather(jnp.asarray(parts[0]), name="dp.ag.even")
+    assert_close(np.asarray(out), np.concatenate([parts[0]] * size), "chunked allgather")
+    splits = [[300 * ((q + d) % 3) + 1 for d in range(size)] for q in range(size)]
+    inputs = [local_input(np.float64, (sum(splits[q]), 2), "sum", q, 11) for q in range(size)]
+    blocks = lambda q: np.split(inputs[q], np.cumsum(splits[q])[:-1])
+    out, received = jc.alltoall(jnp.asarray(inputs[rank]), splits=splits[rank], name="dp.a2a")
+    assert_close(np.asarray(out), np.concatenate([blocks(q)[rank] for q in range(size)]), "chunked alltoall splits")
+    x = local_input(np.float32, (600 * size, 2), "sum", rank, 12)
+    y = jax.jit(lambda v: jc.alltoall(v, name="dp.a2a.jit"))(jnp.asarray(x))
+    allx = [local_input(np.float32, (600 * size, 2), "sum", q, 12) for q in range(size)]
+    assert_close(np.asarray(y), np.concatenate([a[600 * rank:600 * (rank + 1)] for a in allx]), "chunked alltoall")
 
 else:
     raise SystemExit(f"unknown scenario {scenario}")
