@@ -17,6 +17,12 @@ before each step; the slowest rank counts; median over steps):
 Each method is checked once against NumPy before it is timed. Rank 0 writes
 DIR/bench.md (a markdown table), DIR/bench.json and DIR/bench.png (step time
 vs number of tensors, one panel per total size; needs matplotlib).
+
+A second table (--collectives, default reducescatter,alltoall) times one float32
+tensor of each total size per rank: jaxcache.reducescatter (sum) / alltoall inside
+jax.jit against mpi4py Reduce_scatter_block / Alltoall of the same bytes (the
+baseline), and mpi4jax.alltoall under jax.jit when installed (mpi4jax has no
+reduce-scatter).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ MB = 1_000_000
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
 ALL_METHODS = ("jaxcache", "mpi_fused", "mpi_per_tensor", "mpi4jax", "torch_gloo")
 BASELINE = "mpi_fused"
+COLLECTIVES = ("reducescatter", "alltoall")
 
 
 def say(*args: Any, **kwargs: Any) -> None:
@@ -172,6 +179,61 @@ def build_torch_gloo(local: list[np.ndarray], mods: dict) -> Method:
     return Method(step, lambda out: [t.numpy() for t in out], "average")
 
 
+def collective_input(total: int, rank: int) -> np.ndarray:
+    """`total` bytes of float32 per rank (a multiple of the number of ranks)."""
+    n = max(COMM.size, total // 4 // COMM.size * COMM.size)
+    return ((np.arange(n, dtype=np.int64) % 13) + rank).astype(np.float32)
+
+
+def collective_reference(kind: str, total: int) -> np.ndarray:
+    size, rank = COMM.size, COMM.rank
+    block = collective_input(total, 0).size // size
+    mine = slice(rank * block, (rank + 1) * block)
+    if kind == "reducescatter":
+        return (collective_input(total, 0)[mine].astype(np.float64) * size + size * (size - 1) / 2).astype(np.float32)
+    return np.concatenate([collective_input(total, q)[mine] for q in range(size)])
+
+
+def build_collective(kind: str, method: str, total: int, mods: dict) -> Method:
+    """One reducescatter (sum) or alltoall of `total` bytes per rank by `method`."""
+    x = collective_input(total, COMM.rank)
+    if method == "mpi4py":
+        if kind == "reducescatter":
+            recv = np.empty(x.size // COMM.size, x.dtype)
+            step = lambda: (COMM.Reduce_scatter_block(x, recv, op=MPI.SUM), recv)[1]  # noqa: E731
+        else:
+            recv = np.empty_like(x)
+            step = lambda: (COMM.Alltoall(x, recv), recv)[1]  # noqa: E731
+        return Method(step, lambda r: [r], "sum")
+    jax = mods["jax"]
+    if method == "mpi4jax":
+        m4j = mods["mpi4jax"]
+        rows = jax.numpy.asarray(x.reshape(COMM.size, -1))  # mpi4jax: one row per rank
+
+        def one(v):
+            r = m4j.alltoall(v, comm=COMM)
+            return (r[0] if isinstance(r, tuple) else r).reshape(-1)
+
+        fn = jax.jit(one)
+        return Method(lambda: jax.block_until_ready(fn(rows)), lambda out: [np.asarray(out)], "sum")
+    jc = mods["jaxcache"]
+    if kind == "reducescatter":
+        fn = jax.jit(lambda v: jc.reducescatter(v, "sum", name="bench.reducescatter"))
+    else:
+        fn = jax.jit(lambda v: jc.alltoall(v, name="bench.alltoall"))
+    xj = jax.numpy.asarray(x)
+    return Method(lambda: jax.block_until_ready(fn(xj)), lambda out: [np.asarray(out)], "sum")
+
+
+def collective_methods(kind: str, methods: Sequence[str]) -> list[str]:
+    out = ["mpi4py"]
+    if "jaxcache" in methods:
+        out.append("jaxcache")
+    if "mpi4jax" in methods and kind == "alltoall":
+        out.append("mpi4jax")
+    return out
+
+
 BUILDERS: dict[str, tuple[Callable[[list, dict], Method], tuple[str, ...]]] = {
     "jaxcache": (build_jaxcache, ("jax", "jaxcache")),
     "mpi_fused": (build_mpi_fused, ()),
@@ -254,12 +316,17 @@ def timed_steps(step: Callable[[], Any], budget_s: float, min_steps: int, max_st
     return slowest.tolist()
 
 
-def run_one(name: str, n: int, total: int, mods: dict, args) -> tuple[dict | None, str]:
-    local = make_set(n, total, COMM.rank)
+def run_one(name: str, n: int, total: int, mods: dict, args, kind: str | None = None
+            ) -> tuple[dict | None, str]:
+    """One method on one point: a gradient set of `n` tensors, or one `kind` collective."""
     try:
-        method = BUILDERS[name][0](local, mods)
+        if kind is None:
+            method = BUILDERS[name][0](make_set(n, total, COMM.rank), mods)
+            want = reference(n, total, COMM.size, method.op)
+        else:
+            method = build_collective(kind, name, total, mods)
+            want = [collective_reference(kind, total)]
         got = method.fetch(method.step())  # includes compilation for jitted methods
-        want = reference(n, total, COMM.size, method.op)
         ok = len(got) == len(want) and all(
             np.asarray(g).shape == w.shape and np.allclose(g, w, rtol=1e-6) for g, w in zip(got, want))
         note = "" if ok else "WRONG RESULT"
@@ -347,6 +414,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tensors", default="10,100,1000", help="comma list of tensor counts")
     p.add_argument("--sizes", default="1MB,16MB,100MB", help="comma list of total bytes (KB/MB/GB = 10^3/10^6/10^9)")
     p.add_argument("--methods", default=",".join(ALL_METHODS), help="comma list of: " + ",".join(ALL_METHODS))
+    p.add_argument("--collectives", default=",".join(COLLECTIVES),
+                   help="comma list of single-tensor collectives to time as well ('' for none): "
+                        + ",".join(COLLECTIVES))
     p.add_argument("--budget", type=float, default=0.6, help="seconds of timed steps per method and point")
     p.add_argument("--min-steps", type=int, default=5)
     p.add_argument("--max-steps", type=int, default=50)
@@ -354,6 +424,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.tensors = [int(x) for x in args.tensors.split(",") if x]
     args.sizes = [parse_bytes(x) for x in args.sizes.split(",") if x]
     args.methods = [m for m in args.methods.split(",") if m]
+    args.collectives = [c for c in args.collectives.split(",") if c]
+    for c in args.collectives:
+        if c not in COLLECTIVES:
+            p.error(f"unknown collective {c!r}; choose from {', '.join(COLLECTIVES)}")
     for m in args.methods:
         if m not in BUILDERS:
             p.error(f"unknown method {m!r}; choose from {', '.join(ALL_METHODS)}")
@@ -372,6 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"# {m}: skipped ({why})", file=sys.stderr)
     methods = [m for m in args.methods if m not in skipped]
     rows: list[dict] = []
+    collective_rows: list[dict] = []
     try:
         for total in args.sizes:
             for n in args.tensors:
@@ -381,12 +456,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                     rows.append({"tensors": n, "bytes": total, "size": fmt_bytes(total), "method": m,
                                  **(result or {}), "note": note})
                     gc.collect()
+        for kind in args.collectives:
+            for total in args.sizes:
+                say(f"# {kind}, {fmt_bytes(total)} per rank", file=sys.stderr)
+                for m in collective_methods(kind, methods):
+                    result, note = run_one(m, 1, total, mods, args, kind=kind)
+                    collective_rows.append({"collective": kind, "bytes": total, "size": fmt_bytes(total),
+                                            "method": m, **(result or {}), "note": note})
+                    gc.collect()
     finally:
         stop_modules(mods)
     for r in rows:
         base = next((b.get("median_ms") for b in rows if b["method"] == BASELINE
                      and b["tensors"] == r["tensors"] and b["bytes"] == r["bytes"]), None)
         r["vs_mpi_fused"] = r["median_ms"] / base if base and r.get("median_ms") else None
+    for r in collective_rows:
+        base = next((b.get("median_ms") for b in collective_rows if b["method"] == "mpi4py"
+                     and b["collective"] == r["collective"] and b["bytes"] == r["bytes"]), None)
+        r["vs_mpi4py"] = r["median_ms"] / base if base and r.get("median_ms") else None
     elapsed = time.perf_counter() - t_start
     if COMM.rank != 0:
         return 0
@@ -400,8 +487,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if skipped:
         header += "\nNot measured: " + "; ".join(f"{m} ({why})" for m, why in skipped.items()) + "\n"
     md = header + "\n" + table(rows, columns) + "\n"
+    if collective_rows:
+        md += ("\nOne float32 tensor of `size` bytes per rank; jaxcache and mpi4jax under jax.jit; "
+               "vs_mpi4py = median / mpi4py Reduce_scatter_block (sum) or Alltoall of the same "
+               "bytes.\n\n" + table(collective_rows, ["collective", "size", "method", "median_ms", "p10_ms",
+                                                      "p90_ms", "vs_mpi4py", "steps", "note"]) + "\n")
     (out / "bench.md").write_text(md)
-    (out / "bench.json").write_text(json.dumps({"P": COMM.size, "rows": rows, "skipped": skipped,
+    (out / "bench.json").write_text(json.dumps({"P": COMM.size, "rows": rows,
+                                                "collective_rows": collective_rows, "skipped": skipped,
                                                 "seconds": elapsed}, indent=2) + "\n")
     print(md, flush=True)
     why = plot(rows, methods, args.tensors, args.sizes, out / "bench.png")
