@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 #include <map>
 #include <stdexcept>
 #include <tuple>
@@ -23,6 +26,22 @@ const char* MpiPhase(Kind kind) {
     case Kind::kAlltoall: return "MPI_ALLTOALL";
     default: return nullptr;
   }
+}
+
+// Result buffers fresh from XLA's allocator are first touched by the copy into
+// them or by MPI. Faulted in 4 KiB pages they cost more than the collective
+// itself (measured, 100 MB alltoall on 2 ranks: 79 ms into an XLA buffer, 20 ms
+// into a fresh NumPy one). NumPy asks for transparent huge pages for large
+// arrays and XLA does not, so ask here: a hint that changes only the page size
+// of later faults (with THP "madvise" mode, the common default).
+void AdviseHugePages(void* p, std::size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHuge = 2 << 20;
+  if (bytes < 2 * kHuge) return;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kHuge - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+#endif
 }
 
 void CopyScaled(const void* in, void* out, int64_t count, DType dtype, double factor) {
@@ -238,6 +257,7 @@ void Operations::DirectAllreduce(Task& task, const Item& item) {
   timeline_.Begin(r.name, "MPI_ALLREDUCE");
   // In-place MPI is markedly faster than separate buffers (MPICH copies the
   // send buffer itself), and the copy into the output absorbs the prescale.
+  if (r.inputs[item.tensor] != out) AdviseHugePages(out, item.bytes);
   CopyScaled(r.inputs[item.tensor], out, item.count, dtype, Prescale(r));
   ++stats_.mpi_calls;
   comm_.AllreduceData(out, out, item.count, dtype, sig.op);
@@ -261,10 +281,14 @@ double Operations::Prescale(const Request& r) const {
 }
 
 char* Operations::Output(Request& r, std::size_t t, std::size_t bytes, std::vector<int64_t> shape) {
-  if (!r.store) return static_cast<char*>(r.outputs[t]);
+  if (!r.store) {
+    AdviseHugePages(r.outputs[t], bytes);
+    return static_cast<char*>(r.outputs[t]);
+  }
   auto& buffers = r.store->buffers;
   if (buffers.size() < r.sig.tensors.size()) buffers.resize(r.sig.tensors.size());
   buffers[t] = OutputStore::Allocate(bytes, std::move(shape));
+  AdviseHugePages(buffers[t].data.get(), bytes);
   return buffers[t].data.get();
 }
 
@@ -324,6 +348,7 @@ void Operations::ReducescatterTensor(Task& task, std::size_t t) {
     in = scratch_.data();
   }
   void* out = r.outputs[t];
+  AdviseHugePages(out, counts[comm_.rank()] * ElementSize(spec.dtype));
   ++stats_.mpi_calls;
   comm_.ReducescatterData(in, out, counts, spec.dtype, sig.op);
   const double post = sig.op == ReduceOp::kAverage ? sig.postscale / Contributors(r) : sig.postscale;

@@ -68,13 +68,15 @@ struct OutputStore {
   // allgather: the first dimension of each tensor on each rank (t * size + r);
   // alltoall: the rows received from each rank.
   std::vector<int64_t> rows;
-  // Allocates `bytes` (uninitialized: every byte is written by MPI), 64-byte
-  // aligned (any dtype, vector loads); never null, even for 0 bytes.
+  // Allocates `bytes` (uninitialized: every byte is written by MPI), at least
+  // 64-byte aligned (any dtype, vector loads); never null, even for 0 bytes.
   static Buffer Allocate(std::size_t bytes, std::vector<int64_t> shape) {
     Buffer b;
     b.bytes = bytes;
     b.shape = std::move(shape);
-    void* p = std::aligned_alloc(64, std::max<std::size_t>(64, (bytes + 63) / 64 * 64));
+    // Large buffers start on a 2 MiB boundary, so that all of them can be huge pages.
+    const std::size_t align = bytes >= (4u << 20) ? (2u << 20) : 64;
+    void* p = std::aligned_alloc(align, std::max(align, (bytes + align - 1) / align * align));
     if (!p) throw std::bad_alloc();
     b.data.reset(static_cast<char*>(p));
     return b;
