@@ -39,10 +39,11 @@ class _ShapedHandle(ops.Handle):
     __slots__ = ("_dtypes", "_devices", "_with_splits", "_received")
 
     def _finish(self):
-        results = [_to_torch(raw, shape, d) for (raw, shape), d in zip(self._received.results(), self._dtypes)]
+        native, self._received = self._received, None  # the results now own the buffers
+        results = [_to_torch(raw, shape, d) for (raw, shape), d in zip(native.results(), self._dtypes)]
         results = [r if dev.type == "cpu" else r.to(dev) for r, dev in zip(results, self._devices)]
         if self._with_splits:
-            return results[0], torch.tensor(self._received.rows(), dtype=torch.int32)
+            return results[0], torch.tensor(native.rows(), dtype=torch.int32)
         return results[0] if self._single else results
 
 
