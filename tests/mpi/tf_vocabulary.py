@@ -146,6 +146,43 @@ if scenario == "ops":
     assert jctf.allgather_object([RANK] * RANK) == [[r] * r for r in range(SIZE)]
     assert jctf.broadcast_object({"lr": 0.1} if RANK == 1 else None, root_rank=1) == {"lr": 0.1}
 
+elif scenario == "threads":
+    # Threads submit named eager collectives in a rank-dependent order.
+    import threading
+
+    results, errors = {}, []
+
+    def work(i):
+        try:
+            x = tf.reshape(tf.range(2 * SIZE * 2, dtype=tf.float32), (2 * SIZE, 2)) + i + RANK
+            if i % 3 == 0:
+                results[i] = jctf.reducescatter(x, op="sum", name=f"th.rs.{i}")
+            elif i % 3 == 1:
+                results[i] = jctf.alltoall(x, name=f"th.a2a.{i}")
+            else:
+                results[i] = jctf.allgather(x[: RANK + 1], name=f"th.ag.{i}")
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    order = list(range(9)) if RANK % 2 == 0 else list(reversed(range(9)))
+    for rep in range(2):
+        threads = [threading.Thread(target=work, args=(i,)) for i in order]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        base = np.arange(2 * SIZE * 2, dtype=np.float32).reshape(2 * SIZE, 2)
+        for i in range(9):
+            xs = [base + i + q for q in range(SIZE)]
+            if i % 3 == 0:
+                expect = sum(xs)[2 * RANK:2 * RANK + 2]
+            elif i % 3 == 1:
+                expect = np.concatenate([x[2 * RANK:2 * RANK + 2] for x in xs])
+            else:
+                expect = np.concatenate([xs[q][: q + 1] for q in range(SIZE)])
+            check(results[i], expect, np.float32, f"thread {i} rep {rep}")
+
 elif scenario == "errors":
     last = SIZE - 1
     raises(jctf.MismatchError, ["mm.rs", "shape", f"rank {last}"], jctf.reducescatter,
