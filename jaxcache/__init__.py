@@ -14,9 +14,12 @@ import importlib
 _EXPORTS = {
     "init": "runtime", "shutdown": "runtime", "is_initialized": "runtime", "rank": "runtime",
     "size": "runtime", "local_rank": "runtime", "local_size": "runtime", "stats": "runtime",
-    "reset_stats": "runtime", "cache_layout": "runtime", "barrier": "runtime",
+    "reset_stats": "runtime", "cache_layout": "runtime", "barrier": "runtime", "join": "runtime",
     "allreduce": "ops.allreduce", "grouped_allreduce": "ops.grouped_allreduce",
     "broadcast": "ops.broadcast", "allgather": "ops.allgather",
+    "grouped_allgather": "ops.allgather", "reducescatter": "ops.reducescatter",
+    "grouped_reducescatter": "ops.grouped_reducescatter", "alltoall": "ops.alltoall",
+    "broadcast_object": "objects", "allgather_object": "objects",
     "JaxcacheError": "errors", "MismatchError": "errors", "StallError": "errors",
     "ShutdownError": "errors", "DuplicateNameError": "errors", "CollectiveError": "errors",
     "cuda_built": "devices", "cuda_available": "devices",

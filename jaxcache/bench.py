@@ -25,6 +25,12 @@ raw MPI strategy itself (vs_mpi_best).
 Each method is checked once against NumPy before it is timed. Rank 0 writes
 DIR/bench.md (a markdown table), DIR/bench.json and DIR/bench.png (step time
 vs number of tensors, one panel per total size; needs matplotlib).
+
+A second table (--collectives, default reducescatter,alltoall) times one float32
+tensor of each total size per rank: jaxcache.reducescatter (sum) / alltoall inside
+jax.jit against mpi4py Reduce_scatter_block / Alltoall of the same bytes (the
+baseline), and mpi4jax.alltoall under jax.jit when installed (mpi4jax has no
+reduce-scatter).
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ ALL_METHODS = ("jaxcache", "jaxcache_donated", "mpi_fused", "mpi_per_tensor", "j
 BASELINE = "mpi_fused"
 # Always measured: the columns that compare against the limits need them.
 REFERENCE_METHODS = ("mpi_fused", "mpi_per_tensor", "jax_floor")
+COLLECTIVES = ("reducescatter", "alltoall")
 
 
 def say(*args: Any, **kwargs: Any) -> None:
@@ -213,6 +220,61 @@ def build_torch_gloo(local: list[np.ndarray], mods: dict) -> Method:
     return Method(step, lambda out: [t.numpy() for t in out], "average")
 
 
+def collective_input(total: int, rank: int) -> np.ndarray:
+    """`total` bytes of float32 per rank (a multiple of the number of ranks)."""
+    n = max(COMM.size, total // 4 // COMM.size * COMM.size)
+    return ((np.arange(n, dtype=np.int64) % 13) + rank).astype(np.float32)
+
+
+def collective_reference(kind: str, total: int) -> np.ndarray:
+    size, rank = COMM.size, COMM.rank
+    block = collective_input(total, 0).size // size
+    mine = slice(rank * block, (rank + 1) * block)
+    if kind == "reducescatter":
+        return (collective_input(total, 0)[mine].astype(np.float64) * size + size * (size - 1) / 2).astype(np.float32)
+    return np.concatenate([collective_input(total, q)[mine] for q in range(size)])
+
+
+def build_collective(kind: str, method: str, total: int, mods: dict) -> Method:
+    """One reducescatter (sum) or alltoall of `total` bytes per rank by `method`."""
+    x = collective_input(total, COMM.rank)
+    if method == "mpi4py":
+        if kind == "reducescatter":
+            recv = np.empty(x.size // COMM.size, x.dtype)
+            step = lambda: (COMM.Reduce_scatter_block(x, recv, op=MPI.SUM), recv)[1]  # noqa: E731
+        else:
+            recv = np.empty_like(x)
+            step = lambda: (COMM.Alltoall(x, recv), recv)[1]  # noqa: E731
+        return Method(step, lambda r: [r], "sum")
+    jax = mods["jax"]
+    if method == "mpi4jax":
+        m4j = mods["mpi4jax"]
+        rows = jax.numpy.asarray(x.reshape(COMM.size, -1))  # mpi4jax: one row per rank
+
+        def one(v):
+            r = m4j.alltoall(v, comm=COMM)
+            return (r[0] if isinstance(r, tuple) else r).reshape(-1)
+
+        fn = jax.jit(one)
+        return Method(lambda: jax.block_until_ready(fn(rows)), lambda out: [np.asarray(out)], "sum")
+    jc = mods["jaxcache"]
+    if kind == "reducescatter":
+        fn = jax.jit(lambda v: jc.reducescatter(v, "sum", name="bench.reducescatter"))
+    else:
+        fn = jax.jit(lambda v: jc.alltoall(v, name="bench.alltoall"))
+    xj = jax.numpy.asarray(x)
+    return Method(lambda: jax.block_until_ready(fn(xj)), lambda out: [np.asarray(out)], "sum")
+
+
+def collective_methods(kind: str, methods: Sequence[str]) -> list[str]:
+    out = ["mpi4py"]
+    if "jaxcache" in methods:
+        out.append("jaxcache")
+    if "mpi4jax" in methods and kind == "alltoall":
+        out.append("mpi4jax")
+    return out
+
+
 BUILDERS: dict[str, tuple[Callable[[list, dict], Method], tuple[str, ...]]] = {
     "jaxcache": (build_jaxcache, ("jax", "jaxcache")),
     "jaxcache_donated": (build_jaxcache_donated, ("jax", "jaxcache")),
@@ -305,13 +367,18 @@ def timed_steps(method: Method, n: int) -> list[float]:
     return slowest.tolist()
 
 
-def build_checked(name: str, n: int, total: int, mods: dict) -> tuple[Method | None, str]:
-    """Builds a method and checks its result once against NumPy (compiles jitted ones)."""
-    local = make_set(n, total, COMM.rank)
+def build_checked(name: str, n: int, total: int, mods: dict, kind: str | None = None
+                  ) -> tuple[Method | None, str]:
+    """Builds a method (a gradient set of `n` tensors, or one `kind` collective) and checks
+    its result once against NumPy (this also compiles jitted ones)."""
     try:
-        method = BUILDERS[name][0](local, mods)
+        if kind is None:
+            method = BUILDERS[name][0](make_set(n, total, COMM.rank), mods)
+            want = reference(n, total, COMM.size, method.op)
+        else:
+            method = build_collective(kind, name, total, mods)
+            want = [collective_reference(kind, total)]
         got = method.fetch(method.step())
-        want = reference(n, total, COMM.size, method.op)
         ok = len(got) == len(want) and all(
             np.asarray(g).shape == w.shape and np.allclose(g, w, rtol=1e-6) for g, w in zip(got, want))
         note = "" if ok else "WRONG RESULT"
@@ -323,9 +390,10 @@ def build_checked(name: str, n: int, total: int, mods: dict) -> tuple[Method | N
     return method, note
 
 
-def run_point(names: Sequence[str], n: int, total: int, mods: dict, args) -> list[dict]:
+def run_point(names: Sequence[str], n: int, total: int, mods: dict, args,
+              kind: str | None = None) -> list[dict]:
     """Every method at one point, timed in interleaved rounds (noise hits them alike)."""
-    built = {m: build_checked(m, n, total, mods) for m in names}
+    built = {m: build_checked(m, n, total, mods, kind) for m in names}
     methods = {m: meth for m, (meth, _) in built.items() if meth is not None}
     per_round = {m: max(1, steps_for(meth, args.budget, args.min_steps, args.max_steps) // args.rounds)
                  for m, meth in methods.items()}
@@ -418,6 +486,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tensors", default="10,100,1000", help="comma list of tensor counts")
     p.add_argument("--sizes", default="1MB,16MB,100MB", help="comma list of total bytes (KB/MB/GB = 10^3/10^6/10^9)")
     p.add_argument("--methods", default=",".join(ALL_METHODS), help="comma list of: " + ",".join(ALL_METHODS))
+    p.add_argument("--collectives", default=",".join(COLLECTIVES),
+                   help="comma list of single-tensor collectives to time as well ('' for none): "
+                        + ",".join(COLLECTIVES))
     p.add_argument("--budget", type=float, default=0.6, help="seconds of timed steps per method and point")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per point")
     p.add_argument("--min-steps", type=int, default=6)
@@ -426,6 +497,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.tensors = [int(x) for x in args.tensors.split(",") if x]
     args.sizes = [parse_bytes(x) for x in args.sizes.split(",") if x]
     args.methods = [m for m in args.methods.split(",") if m]
+    args.collectives = [c for c in args.collectives.split(",") if c]
+    for c in args.collectives:
+        if c not in COLLECTIVES:
+            p.error(f"unknown collective {c!r}; choose from {', '.join(COLLECTIVES)}")
     for m in args.methods:
         if m not in BUILDERS:
             p.error(f"unknown method {m!r}; choose from {', '.join(ALL_METHODS)}")
@@ -445,11 +520,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"# {m}: skipped ({why})", file=sys.stderr)
     methods = [m for m in args.methods if m not in skipped]
     rows: list[dict] = []
+    collective_rows: list[dict] = []
     try:
         for total in args.sizes:
             for n in args.tensors:
                 say(f"# {n} tensors, {fmt_bytes(total)}", file=sys.stderr)
                 rows += run_point(methods, n, total, mods, args)
+                gc.collect()
+        for kind in args.collectives:
+            for total in args.sizes:
+                say(f"# {kind}, {fmt_bytes(total)} per rank", file=sys.stderr)
+                for r in run_point(collective_methods(kind, methods), 1, total, mods, args, kind=kind):
+                    del r["tensors"]
+                    collective_rows.append({"collective": kind, **r})
                 gc.collect()
     finally:
         stop_modules(mods)
@@ -462,6 +545,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         med = r.get("median_ms")
         r["vs_mpi_best"] = med / best if best and med else None
         r["vs_floor_mpi"] = med / (floor + best) if best and floor and med else None
+    for r in collective_rows:
+        base = next((b.get("median_ms") for b in collective_rows if b["method"] == "mpi4py"
+                     and b["collective"] == r["collective"] and b["bytes"] == r["bytes"]), None)
+        r["vs_mpi4py"] = r["median_ms"] / base if base and r.get("median_ms") else None
     elapsed = time.perf_counter() - t_start
     if COMM.rank != 0:
         return 0
@@ -478,8 +565,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if skipped:
         header += "\nNot measured: " + "; ".join(f"{m} ({why})" for m, why in skipped.items()) + "\n"
     md = header + "\n" + table(rows, columns) + "\n"
+    if collective_rows:
+        md += ("\nOne float32 tensor of `size` bytes per rank; jaxcache and mpi4jax under jax.jit; "
+               "vs_mpi4py = median / mpi4py Reduce_scatter_block (sum) or Alltoall of the same "
+               "bytes.\n\n" + table(collective_rows, ["collective", "size", "method", "median_ms", "p10_ms",
+                                                      "p90_ms", "vs_mpi4py", "steps", "note"]) + "\n")
     (out / "bench.md").write_text(md)
-    (out / "bench.json").write_text(json.dumps({"P": COMM.size, "rows": rows, "skipped": skipped,
+    (out / "bench.json").write_text(json.dumps({"P": COMM.size, "rows": rows,
+                                                "collective_rows": collective_rows, "skipped": skipped,
                                                 "seconds": elapsed}, indent=2) + "\n")
     print(md, flush=True)
     why = plot(rows, methods, args.tensors, args.sizes, out / "bench.png")

@@ -85,6 +85,28 @@ def settings() -> _config.Config:
     return _settings
 
 
+JOIN_NAME = "jaxcache.join"
+
+
+def join() -> int:
+    """Declares that this rank has run out of data; returns once every rank has joined.
+
+    Until then this rank keeps taking part in the other ranks' allreduce, grouped_allreduce,
+    reducescatter and (eager) allgather: it contributes zeros to sums (the identity to min,
+    max and prod) and no rows to an allgather, and "average" divides by the ranks that have
+    not joined. A broadcast from a joined root, an alltoall, and an allgather under jit fail
+    on every rank while some rank is joined. Returns, on every rank, the rank that joined
+    last. Call it after this rank's last collective has completed (e.g. after
+    jax.block_until_ready on the last step's outputs); collectives submitted on this rank
+    while it is joined fail.
+    """
+    require_initialized("jaxcache.join()")
+    handle = ext.join(JOIN_NAME)
+    status, message = handle.wait()
+    raise_for_status(status, message)
+    return int(handle.value())
+
+
 def is_initialized() -> bool:
     return bool(ext.running())
 

@@ -20,3 +20,9 @@ def test_distributed_gradient_tape_matches_single_process(nranks):
     out = run_mpi("tf_train.py", nranks, timeout=300, env=TF_ENV).stdout
     assert f"tf_train: OK on {nranks} ranks" in out
     assert out.count(": OK\n") >= 5
+
+
+@pytest.mark.parametrize("scenario", ["ops", "threads", "errors", "join"])
+def test_reducescatter_alltoall_allgather_join(nranks, scenario):
+    out = run_mpi("tf_vocabulary.py", nranks, scenario, timeout=300, env=TF_ENV).stdout
+    assert f"tf_vocabulary {scenario}: OK on {nranks} ranks" in out

@@ -40,3 +40,9 @@ def test_digits_example_reaches_95_percent():
     acc = float(re.search(r"test accuracy ([0-9.]+)%", out).group(1))
     assert acc >= 95.0, out[-3000:]
     assert "parameters identical on all 2 ranks" in out
+
+
+@pytest.mark.parametrize("scenario", ["ops", "threads", "errors", "join"])
+def test_reducescatter_alltoall_allgather_join(nranks, scenario):
+    out = run_mpi("torch_vocabulary.py", nranks, scenario, timeout=300).stdout
+    assert f"torch_vocabulary {scenario}: OK on {nranks} ranks" in out

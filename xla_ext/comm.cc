@@ -77,17 +77,28 @@ void Comm::AbortUnanswered(const char* what, double waited) {
   std::abort();
 }
 
-void Comm::WaitWatched(MPI_Request* req, const char* what) {
+void Comm::WaitWatched(MPI_Request* reqs, const char* what, int n) {
   auto start = std::chrono::steady_clock::now();
   int done = 0;
   for (unsigned spins = 1;; ++spins) {
-    Check(MPI_Test(req, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    Check(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
     if (done) return;
     if (spins % 4096 == 0) {
       CheckAbandoned(what);
       double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (waited > abort_timeout_s_) AbortUnanswered(what, waited);
     }
+  }
+}
+
+template <typename Blocking, typename Start>
+void Comm::Collective(const char* what, Blocking&& blocking, Start&& start) {
+  if (abort_timeout_s_ > 0) {
+    MPI_Request req;
+    Check(start(&req), what);
+    WaitWatched(&req, what);
+  } else {
+    Check(blocking(), what);
   }
 }
 
@@ -185,6 +196,152 @@ void Comm::AllgatherData(const void* in, void* out, int64_t bytes_per_rank) {
     char* block = static_cast<char*>(out) + r * bytes_per_rank;
     if (r == rank_ && block != in) std::copy_n(static_cast<const char*>(in), bytes_per_rank, block);
     BroadcastData(block, bytes_per_rank, r);
+  }
+}
+
+namespace {
+// A valid address for a send of zero bytes (a joined rank's allgather input).
+char empty_send = 0;
+
+std::vector<int> IntCounts(const std::vector<int64_t>& counts, std::vector<int>* displs) {
+  std::vector<int> out(counts.size());
+  int64_t off = 0;
+  displs->assign(counts.size(), 0);
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    out[i] = static_cast<int>(counts[i]);
+    (*displs)[i] = static_cast<int>(off);
+    off += counts[i];
+  }
+  return out;
+}
+
+int64_t Sum(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (int64_t x : v) s += x;
+  return s;
+}
+
+bool AllEqual(const std::vector<int64_t>& v) {
+  return std::all_of(v.begin(), v.end(), [&](int64_t x) { return x == v[0]; });
+}
+}  // namespace
+
+void Comm::AllgathervData(const void* in, void* out, const std::vector<int64_t>& bytes) {
+  if (!in) in = &empty_send;
+  if (Sum(bytes) <= max_count_) {
+    std::vector<int> displs;
+    std::vector<int> counts = IntCounts(bytes, &displs);
+    Collective(
+        "MPI_Allgatherv",
+        [&] {
+          return MPI_Allgatherv(in, counts[rank_], MPI_BYTE, out, counts.data(), displs.data(),
+                                MPI_BYTE, comm_);
+        },
+        [&](MPI_Request* req) {
+          return MPI_Iallgatherv(in, counts[rank_], MPI_BYTE, out, counts.data(), displs.data(),
+                                 MPI_BYTE, comm_, req);
+        });
+    return;
+  }
+  // Large: one chunked broadcast per rank.
+  int64_t off = 0;
+  for (int r = 0; r < size_; ++r) {
+    char* block = static_cast<char*>(out) + off;
+    if (r == rank_ && bytes[r] > 0) std::copy_n(static_cast<const char*>(in), bytes[r], block);
+    BroadcastData(block, bytes[r], r);
+    off += bytes[r];
+  }
+}
+
+void Comm::ReducescatterData(const void* in, void* out, const std::vector<int64_t>& counts,
+                             DType dtype, ReduceOp op) {
+  MPI_Datatype type = MpiDatatype(dtype);
+  MPI_Op mpi_op = MpiOp(dtype, op);
+  if (Sum(counts) <= max_count_) {
+    if (AllEqual(counts)) {
+      const int n = static_cast<int>(counts[0]);
+      Collective(
+          "MPI_Reduce_scatter_block",
+          [&] { return MPI_Reduce_scatter_block(in, out, n, type, mpi_op, comm_); },
+          [&](MPI_Request* req) { return MPI_Ireduce_scatter_block(in, out, n, type, mpi_op, comm_, req); });
+    } else {
+      std::vector<int> displs;
+      std::vector<int> c = IntCounts(counts, &displs);
+      Collective(
+          "MPI_Reduce_scatter",
+          [&] { return MPI_Reduce_scatter(in, out, c.data(), type, mpi_op, comm_); },
+          [&](MPI_Request* req) { return MPI_Ireduce_scatter(in, out, c.data(), type, mpi_op, comm_, req); });
+    }
+    return;
+  }
+  // Large: each rank's block reduced to it, in chunks.
+  const std::size_t esize = ElementSize(dtype);
+  int64_t block = 0;
+  for (int r = 0; r < size_; ++r) {
+    for (int64_t off = 0; off < counts[r]; off += max_count_) {
+      const int n = static_cast<int>(std::min(max_count_, counts[r] - off));
+      const char* i = static_cast<const char*>(in) + (block + off) * esize;
+      char* o = r == rank_ ? static_cast<char*>(out) + off * esize : nullptr;
+      Collective(
+          "MPI_Reduce", [&] { return MPI_Reduce(i, o, n, type, mpi_op, r, comm_); },
+          [&](MPI_Request* req) { return MPI_Ireduce(i, o, n, type, mpi_op, r, comm_, req); });
+    }
+    block += counts[r];
+  }
+}
+
+void Comm::AlltoallData(const void* in, const std::vector<int64_t>& send, void* out,
+                        const std::vector<int64_t>& recv, int64_t largest) {
+  if (std::max(Sum(send), Sum(recv)) <= max_count_) {
+    if (AllEqual(send) && AllEqual(recv) && send[0] == recv[0]) {
+      const int n = static_cast<int>(send[0]);
+      Collective(
+          "MPI_Alltoall",
+          [&] { return MPI_Alltoall(in, n, MPI_BYTE, out, n, MPI_BYTE, comm_); },
+          [&](MPI_Request* req) { return MPI_Ialltoall(in, n, MPI_BYTE, out, n, MPI_BYTE, comm_, req); });
+      return;
+    }
+    std::vector<int> sdispls, rdispls;
+    std::vector<int> scounts = IntCounts(send, &sdispls), rcounts = IntCounts(recv, &rdispls);
+    Collective(
+        "MPI_Alltoallv",
+        [&] {
+          return MPI_Alltoallv(in, scounts.data(), sdispls.data(), MPI_BYTE, out, rcounts.data(),
+                               rdispls.data(), MPI_BYTE, comm_);
+        },
+        [&](MPI_Request* req) {
+          return MPI_Ialltoallv(in, scounts.data(), sdispls.data(), MPI_BYTE, out, rcounts.data(),
+                                rdispls.data(), MPI_BYTE, comm_, req);
+        });
+    return;
+  }
+  // Large: pairwise exchanges in rounds, in chunks of at most max_count bytes.
+  // Every rank runs as many chunks as the largest pair needs (shorter pairs
+  // send empty chunks), so each send meets its receive.
+  std::vector<int64_t> soff(size_, 0), roff(size_, 0);
+  for (int q = 1; q < size_; ++q) {
+    soff[q] = soff[q - 1] + send[q - 1];
+    roff[q] = roff[q - 1] + recv[q - 1];
+  }
+  const int64_t chunks = (largest + max_count_ - 1) / max_count_;
+  auto part = [&](int64_t total, int64_t c) { return std::clamp<int64_t>(total - c * max_count_, 0, max_count_); };
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  for (int k = 0; k < size_; ++k) {
+    const int to = (rank_ + k) % size_, from = (rank_ - k + size_) % size_;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t at = c * max_count_;
+      const int sn = static_cast<int>(part(send[to], c)), rn = static_cast<int>(part(recv[from], c));
+      if (k == 0) {
+        if (sn > 0) std::copy_n(src + soff[to] + at, sn, dst + roff[from] + at);
+        continue;
+      }
+      MPI_Request reqs[2];
+      Check(MPI_Irecv(dst + roff[from] + at, rn, MPI_BYTE, from, 0, comm_, &reqs[0]), "MPI_Irecv");
+      Check(MPI_Isend(src + soff[to] + at, sn, MPI_BYTE, to, 0, comm_, &reqs[1]), "MPI_Isend");
+      if (abort_timeout_s_ > 0) WaitWatched(reqs, "an alltoall", 2);
+      else Check(MPI_Waitall(2, reqs, MPI_STATUSES_IGNORE), "MPI_Waitall");
+    }
   }
 }
 

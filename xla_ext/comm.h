@@ -51,6 +51,17 @@ class Comm {
   void AllreduceData(const void* in, void* out, int64_t count, DType dtype, ReduceOp op);
   void BroadcastData(void* buf, int64_t bytes, int root);
   void AllgatherData(const void* in, void* out, int64_t bytes_per_rank);
+  // Rank r contributes bytes[r] (this rank's from `in`); out holds them all in rank order.
+  void AllgathervData(const void* in, void* out, const std::vector<int64_t>& bytes);
+  // Reduces `in` (sum of counts elements) over the ranks; this rank receives
+  // block `rank` (counts[rank] elements) in `out`.
+  void ReducescatterData(const void* in, void* out, const std::vector<int64_t>& counts,
+                         DType dtype, ReduceOp op);
+  // Sends send[d] bytes to each rank d (consecutive blocks of `in`) and
+  // receives recv[s] bytes from each rank s (consecutive blocks of `out`).
+  // `largest`: the largest number of bytes any rank sends any rank.
+  void AlltoallData(const void* in, const std::vector<int64_t>& send, void* out,
+                    const std::vector<int64_t>& recv, int64_t largest);
 
   MPI_Comm handle() const { return comm_; }
 
@@ -64,8 +75,12 @@ class Comm {
   int64_t max_count() const { return max_count_; }
 
  private:
-  // Spins on `req` (data movement needs MPI progress), watching the deadline.
-  void WaitWatched(MPI_Request* req, const char* what);
+  // Spins on `reqs` (data movement needs MPI progress), watching the deadline.
+  void WaitWatched(MPI_Request* reqs, const char* what, int n = 1);
+  // One collective call: blocking, or nonblocking and watched when an abort
+  // timeout is set (`start` begins the nonblocking call).
+  template <typename Blocking, typename Start>
+  void Collective(const char* what, Blocking&& blocking, Start&& start);
   [[noreturn]] void AbortUnanswered(const char* what, double waited);
   void CheckAbandoned(const char* what) const;
   double abort_timeout_s_ = 0;

@@ -30,6 +30,7 @@ const char* ReduceOpName(ReduceOp op) {
     case ReduceOp::kMin: return "min";
     case ReduceOp::kMax: return "max";
     case ReduceOp::kProd: return "prod";
+    case ReduceOp::kAverage: return "average";
   }
   return "unknown";
 }
@@ -40,6 +41,9 @@ const char* KindName(Kind k) {
     case Kind::kBroadcast: return "broadcast";
     case Kind::kAllgather: return "allgather";
     case Kind::kBarrier: return "barrier";
+    case Kind::kReducescatter: return "reducescatter";
+    case Kind::kAlltoall: return "alltoall";
+    case Kind::kJoin: return "join";
   }
   return "unknown";
 }
@@ -65,6 +69,24 @@ int64_t TensorSpec::NumElements() const {
   return n;
 }
 
+std::size_t TensorSpec::RowBytes() const {
+  std::size_t n = ElementSize(dtype);
+  for (std::size_t i = 1; i < shape.size(); ++i) n *= static_cast<std::size_t>(shape[i]);
+  return n;
+}
+
+std::size_t ResultBytes(Kind kind, const TensorSpec& spec, int rank, int size) {
+  switch (kind) {
+    case Kind::kAllgather: return spec.NumBytes() * size;
+    case Kind::kReducescatter: return ScatterRows(spec.Rows(), size, rank) * spec.RowBytes();
+    default: return spec.NumBytes();
+  }
+}
+
+int64_t ScatterRows(int64_t rows, int size, int rank) {
+  return rows / size + (rank < rows % size ? 1 : 0);
+}
+
 std::string TensorSpec::ShapeString() const {
   std::string s = "(";
   for (std::size_t i = 0; i < shape.size(); ++i) {
@@ -88,6 +110,9 @@ void Writer::Sig(const Signature& s) {
   F64(s.postscale);
   I32(s.root);
   U8(static_cast<uint8_t>(s.device));
+  U8(s.static_shapes ? 1 : 0);
+  U32(static_cast<uint32_t>(s.splits.size()));
+  for (int64_t v : s.splits) I64(v);
   U32(static_cast<uint32_t>(s.tensors.size()));
   for (const auto& t : s.tensors) {
     U8(static_cast<uint8_t>(t.dtype));
@@ -118,6 +143,11 @@ Signature Reader::Sig() {
   s.postscale = F64();
   s.root = I32();
   s.device = static_cast<Device>(U8());
+  s.static_shapes = U8() != 0;
+  uint32_t nsplits = U32();
+  if (nsplits > remaining() / sizeof(int64_t)) throw std::runtime_error("jaxcache: truncated control message");
+  s.splits.resize(nsplits);
+  for (auto& v : s.splits) v = I64();
   uint32_t n = U32();
   s.tensors.resize(n);
   for (auto& t : s.tensors) {

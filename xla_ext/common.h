@@ -17,9 +17,13 @@ enum class DType : uint8_t {
 };
 constexpr int kNumDTypes = 15;
 
-enum class ReduceOp : uint8_t { kSum = 0, kMin, kMax, kProd };
-// kBarrier carries no tensors: its negotiation is the synchronization.
-enum class Kind : uint8_t { kAllreduce = 0, kBroadcast, kAllgather, kBarrier };
+// kAverage is a sum divided by the number of ranks that contribute (those that
+// have not joined, see join_state.h); the runtime applies the division.
+enum class ReduceOp : uint8_t { kSum = 0, kMin, kMax, kProd, kAverage };
+// kBarrier and kJoin carry no tensors: their negotiation is the synchronization.
+enum class Kind : uint8_t {
+  kAllreduce = 0, kBroadcast, kAllgather, kBarrier, kReducescatter, kAlltoall, kJoin,
+};
 // Where the submitter's tensors live. The runtime always works on host memory
 // (the CUDA handlers stage through it), but the kind is part of the signature:
 // a CPU array on one rank against a GPU array on another is a user error.
@@ -30,6 +34,11 @@ const char* DTypeName(DType dtype);
 const char* ReduceOpName(ReduceOp op);
 const char* KindName(Kind kind);
 const char* DeviceName(Device device);
+// The operator MPI applies for `op` (an average reduces as a sum).
+inline ReduceOp Reduction(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
+// Rows of a first dimension of `rows` that reducescatter gives rank `rank`:
+// the first rows % size ranks get one more (Horovod's uneven split).
+int64_t ScatterRows(int64_t rows, int size, int rank);
 bool IsFloating(DType dtype);  // float or complex
 bool IsComplex(DType dtype);
 
@@ -51,12 +60,19 @@ struct TensorSpec {
   std::vector<int64_t> shape;
   int64_t NumElements() const;
   std::size_t NumBytes() const { return NumElements() * ElementSize(dtype); }
+  // Rows along the first dimension (a scalar is one row) and bytes per row.
+  int64_t Rows() const { return shape.empty() ? 1 : shape[0]; }
+  std::size_t RowBytes() const;
   bool operator==(const TensorSpec& o) const { return dtype == o.dtype && shape == o.shape; }
   std::string ShapeString() const;
 };
 
 // Everything that must agree across ranks for one named collective. A group
 // is one signature with several tensors.
+// Bytes of one result of `kind` for an operand `spec` on rank `rank`, when
+// every rank has the same shapes (what a preallocated result must hold).
+std::size_t ResultBytes(Kind kind, const TensorSpec& spec, int rank, int size);
+
 struct Signature {
   Kind kind = Kind::kAllreduce;
   ReduceOp op = ReduceOp::kSum;
@@ -64,11 +80,17 @@ struct Signature {
   double postscale = 1.0;
   int32_t root = 0;
   Device device = Device::kCpu;
+  // allgather / alltoall: the submitter sized its outputs for equal shapes on
+  // every rank (jit, preallocated eager outputs), so the ranks must agree on
+  // them; otherwise the executor allocates outputs of the agreed size.
+  bool static_shapes = false;
+  // alltoall: rows this rank sends to each rank (empty: equal blocks).
+  std::vector<int64_t> splits;
   std::vector<TensorSpec> tensors;
   bool operator==(const Signature& o) const {
     return kind == o.kind && op == o.op && prescale == o.prescale &&
            postscale == o.postscale && root == o.root && device == o.device &&
-           tensors == o.tensors;
+           static_shapes == o.static_shapes && splits == o.splits && tensors == o.tensors;
   }
   bool operator!=(const Signature& o) const { return !(*this == o); }
   std::size_t NumBytes() const;
@@ -98,6 +120,7 @@ class Reader {
  public:
   Reader(const char* data, std::size_t size) : p_(data), end_(data + size) {}
   bool done() const { return p_ >= end_; }
+  std::size_t remaining() const { return static_cast<std::size_t>(end_ - p_); }
   uint8_t U8() { uint8_t v; Raw(&v, 1); return v; }
   uint32_t U32() { uint32_t v; Raw(&v, sizeof v); return v; }
   int32_t I32() { int32_t v; Raw(&v, sizeof v); return v; }

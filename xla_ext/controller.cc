@@ -35,9 +35,18 @@ Controller::Controller(Comm& comm, const Config& config, Stats& stats, Timeline&
       faults_(faults),
       cache_(static_cast<std::size_t>(config.cache_capacity)),
       messages_(comm.size()),
+      join_(comm.rank(), comm.size()),
       stall_(config) {}
 
 void Controller::Add(Request* req) {
+  if (join_.requested()) {  // failed at the start of the next cycle
+    rejected_.push_back(req);
+    return;
+  }
+  if (req->sig.kind == Kind::kJoin) {
+    join_.Add(req);
+    return;
+  }
   uint32_t bit = 0;
   auto found = cache_.capacity() ? cache_.Find(req->name, req->sig, &bit) : ResponseCache::Lookup::kMiss;
   const char* path = found != ResponseCache::Lookup::kHit ? "coordinator"
@@ -84,13 +93,19 @@ void Controller::BeginCycle(const CycleIntent& intent) {
   cycle_start_ = Clock::now();
   ++stats_.cycles;
   timeline_.Cycle(stats_.cycles);
+  join_.ReleaseStandIns();  // the previous cycle's work has been executed
 
   const std::size_t cap = cache_.capacity();
   bits_ = message_.Prepare((cap + kNumFlags + 63) / 64);
   for (const auto& [bit, req] : cached_) {
     SetBit(bits_, bit);
-    if (message_.HasSlot(bit)) message_.Put(bit, *req);
+    if (message_.HasSlot(bit)) message_.Put(bit, *req, comm_.size());
   }
+  // A joined rank's bits count as ready: it takes part in whatever the others have ready.
+  joined_here_ = join_.JoinedHere(OtherPending());
+  if (joined_here_)
+    for (uint32_t b = 0; b < cap; ++b)
+      if (cache_.Occupied(b)) SetBit(bits_, b);
   bool stall_report = false, stall_shutdown = false;
   if (HasPending() && cycle_start_ - last_stall_scan_ > std::chrono::milliseconds(200)) {
     last_stall_scan_ = cycle_start_;
@@ -101,7 +116,7 @@ void Controller::BeginCycle(const CycleIntent& intent) {
   const bool local[kNumFlags] = {intent.shutdown_requested, intent.shutdown_forced,
                                  !unsent_.empty(),          !invalid_.empty(),
                                  stall_report,              stall_shutdown,
-                                 HasFault()};
+                                 HasFault(),                joined_here_};
   for (int f = 0; f < kNumFlags; ++f)
     if (local[f] == (f == kShutdownRequested)) SetBit(bits_, cap + f);
   comm_.PostCycle(message_.data(), message_.datatype(), CycleMessage::op());
@@ -126,6 +141,32 @@ CycleOutcome Controller::FinishCycle() {
     return out;
   }
 
+  // (After the cancel round, which fails them with everything else.)
+  for (Request* req : rejected_)
+    out.failed.emplace_back(
+        req, Status::Error(ErrorKind::kInvalidArgument,
+                           "jaxcache: '" + req->name + "' was submitted on rank " +
+                               std::to_string(comm_.rank()) +
+                               " after its join(); a rank that has joined takes part in the other "
+                               "ranks' collectives by itself until every rank has joined"));
+  rejected_.clear();
+
+  if (any(kJoined)) {
+    auto mask = join_.Mask(joined_here_);
+    comm_.Allreduce(mask.data(), static_cast<int>(mask.size()), MPI_BOR);
+    join_.Update(mask.data());
+  } else if (join_.any()) {
+    join_.Update(nullptr);
+  }
+  if (join_.all()) {
+    // A rank joins only when nothing else is pending on it, so nothing is
+    // pending anywhere and the bits are no hits: every join() completes now.
+    out.work.push_back(join_.Finish());
+    out.progress = true;
+    stats_.AddNegotiation(Since(cycle_start_));
+    return out;
+  }
+
   if (any(kInvalid)) {
     std::vector<uint64_t> inv((cap + 63) / 64, 0);
     for (uint32_t b : invalid_) SetBit(inv.data(), b);
@@ -142,27 +183,38 @@ CycleOutcome Controller::FinishCycle() {
   }
 
   // Common hits, ascending bit order: identical on every rank. A hit with a
-  // slot was reduced inside the cycle's allreduce (every rank put its data in).
+  // slot was reduced inside the cycle's allreduce (every rank put its data in),
+  // unless some rank has joined: then the joined ranks' stand-ins are needed.
+  if (joined_here_) {
+    // Every surviving bit is a collective that the ranks still at work have
+    // ready; this rank takes part through a stand-in.
+    for (uint32_t b = 0; b < cap; ++b) {
+      if (!GetBit(bits, b) || !cache_.Occupied(b)) continue;
+      cache_.Touch(b);
+      ++stats_.cache_hits;
+      StandIn(cache_.NameAt(b), -1, cache_.SignatureAt(b), cache_.AgreementAt(b), &out);
+    }
+  }
   for (auto it = cached_.begin(); it != cached_.end();) {
     if (!GetBit(bits, it->first)) { ++it; continue; }
     const uint32_t bit = it->first;
     Request* req = it->second;
     cache_.Touch(bit);
-    it = cached_.erase(it);
     ++stats_.cache_hits;
     timeline_.NegotiateEnd(req->name);
-    if (message_.HasSlot(bit)) {
+    if (message_.HasSlot(bit) && !join_.any()) {
       message_.Take(bit, *req);
       ++stats_.in_cycle_reductions;
       stats_.bytes_reduced += req->sig.NumBytes();
       out.done.push_back(req);
-      continue;
+    } else {
+      Decide(req, cache_.AgreementAt(bit), &out);
     }
-    timeline_.Begin(req->name, "QUEUE");
-    out.work.push_back(req);
+    it = cached_.erase(it);
   }
 
-  if (any(kUncached) && !CoordinatorRound(&out)) {
+  // New joiners may complete submissions that rank 0 holds: it rescans them.
+  if ((any(kUncached) || join_.grew()) && !CoordinatorRound(&out, joined_here_)) {
     // Some rank could not complete the round: nothing decided in this cycle
     // may run anywhere. The cancel round fails it all, on every rank alike.
     out.done.clear();
@@ -180,10 +232,72 @@ CycleOutcome Controller::FinishCycle() {
   return out;
 }
 
+void Controller::Decide(Request* req, const std::shared_ptr<const Agreement>& agreement,
+                        CycleOutcome* out) {
+  if (join_.any()) {
+    Status conflict = join_.Conflict(req->name, req->sig, agreement.get());
+    if (!conflict.ok()) {
+      out->failed.emplace_back(req, conflict);
+      return;
+    }
+    req->agreement = join_.WithoutJoined(agreement);
+    req->contributors = comm_.size() - join_.count();
+  } else {
+    req->agreement = agreement;
+    req->contributors = 0;
+  }
+  timeline_.Begin(req->name, "QUEUE");
+  out->work.push_back(req);
+}
+
+void Controller::StandIn(const std::string& name, int64_t seq, const Signature& sig,
+                         const std::shared_ptr<const Agreement>& agreement, CycleOutcome* out) {
+  table_.CountStandIn(name, seq);
+  // What the joined ranks make impossible fails on the other ranks; nothing runs.
+  if (!join_.Conflict(name, sig, agreement.get()).ok()) return;
+  Decide(join_.StandIn(name, sig), agreement, out);
+}
+
+namespace {
+void WriteResponse(Writer& w, const Response& resp) {
+  w.Str(resp.name);
+  w.I64(static_cast<int64_t>(resp.seq));
+  w.U8(static_cast<uint8_t>(resp.status.kind));
+  w.Str(resp.status.message);
+  w.Sig(resp.sig);
+  w.U8(resp.agreement ? 1 : 0);
+  if (resp.agreement) {
+    w.U8(resp.agreement->static_shapes ? 1 : 0);
+    w.U32(static_cast<uint32_t>(resp.agreement->rows.size()));
+    for (int64_t v : resp.agreement->rows) w.I64(v);
+  }
+}
+
+Response ReadResponse(Reader& rd) {
+  Response resp;
+  resp.name = rd.Str();
+  resp.seq = static_cast<uint64_t>(rd.I64());
+  resp.status.kind = static_cast<ErrorKind>(rd.U8());
+  resp.status.message = rd.Str();
+  resp.sig = rd.Sig();
+  if (rd.U8()) {
+    auto agreement = std::make_shared<Agreement>();
+    agreement->static_shapes = rd.U8() != 0;
+    uint32_t n = rd.U32();
+    if (n > rd.remaining() / sizeof(int64_t)) throw std::runtime_error("jaxcache: truncated control message");
+    agreement->rows.resize(n);
+    for (auto& v : agreement->rows) v = rd.I64();
+    resp.agreement = std::move(agreement);
+  }
+  return resp;
+}
+}  // namespace
+
 std::vector<char> Controller::MatchRequests(const std::vector<std::vector<char>>& gathered) {
   if (faults_.Fire(FaultPoint::kDecode)) throw InjectedFault("decoding a request message (injected fault)");
   Writer rw;
   rw.U8(1);  // decided normally
+  for (const Response& resp : messages_.SetJoined(join_.joined())) WriteResponse(rw, resp);
   for (int r = 0; r < comm_.size(); ++r) {
     Reader rd(gathered[r].data(), gathered[r].size());
     while (!rd.done()) {
@@ -192,19 +306,13 @@ std::vector<char> Controller::MatchRequests(const std::vector<std::vector<char>>
       Signature sig = rd.Sig();
       timeline_.NegotiateBegin(name, "coordinator");
       timeline_.Instant(name, "rank " + std::to_string(r) + " ready");
-      if (auto resp = messages_.Add(r, name, seq, sig)) {
-        rw.Str(resp->name);
-        rw.I64(static_cast<int64_t>(resp->seq));
-        rw.U8(static_cast<uint8_t>(resp->status.kind));
-        rw.Str(resp->status.message);
-        rw.Sig(resp->sig);
-      }
+      if (auto resp = messages_.Add(r, name, seq, sig)) WriteResponse(rw, *resp);
     }
   }
   return std::move(rw.buffer());
 }
 
-bool Controller::CoordinatorRound(CycleOutcome* out) {
+bool Controller::CoordinatorRound(CycleOutcome* out, bool joined_here) {
   ++stats_.coordinator_rounds;
   std::string fault;
   Writer w;
@@ -237,15 +345,7 @@ bool Controller::CoordinatorRound(CycleOutcome* out) {
         throw InjectedFault("decoding the response message (injected fault)");
       Reader rd(response_bytes.data(), response_bytes.size());
       if (rd.U8() != 1) throw InjectedFault("rank 0 could not decide (see its error)");
-      while (!rd.done()) {
-        Response resp;
-        resp.name = rd.Str();
-        resp.seq = static_cast<uint64_t>(rd.I64());
-        resp.status.kind = static_cast<ErrorKind>(rd.U8());
-        resp.status.message = rd.Str();
-        resp.sig = rd.Sig();
-        responses.push_back(std::move(resp));
-      }
+      while (!rd.done()) responses.push_back(ReadResponse(rd));
     } catch (const std::exception& e) {
       fault = e.what();
     }
@@ -257,21 +357,32 @@ bool Controller::CoordinatorRound(CycleOutcome* out) {
 
   bool cache_changed = false;
   for (Response& resp : responses) {
+    Request* req = nullptr;
     auto it = sent_.find(resp.name);
-    if (it == sent_.end() || it->second->seq != resp.seq) continue;  // needs every rank's request
-    Request* req = it->second;
-    sent_.erase(it);
+    if (it != sent_.end() && it->second->seq == resp.seq) {
+      req = it->second;
+      sent_.erase(it);
+    } else if (!joined_here) {
+      continue;  // not decided without this rank's request
+    }
+    // Every rank caches the same responses (its own signature where it has one).
+    const bool runs = resp.status.ok() &&
+                      (!join_.any() || join_.Conflict(resp.name, resp.sig, resp.agreement.get()).ok());
+    if (runs && cache_.capacity()) {
+      InsertIntoCache(resp.name, req ? req->sig : resp.sig, resp.agreement);
+      cache_changed = true;
+    }
+    if (!req) {  // decided without this joined rank
+      if (resp.status.ok()) StandIn(resp.name, static_cast<int64_t>(resp.seq), resp.sig, resp.agreement, out);
+      else table_.CountStandIn(resp.name, static_cast<int64_t>(resp.seq));
+      continue;
+    }
     timeline_.NegotiateEnd(resp.name);
     if (!resp.status.ok()) {
       out->failed.emplace_back(req, resp.status);
       continue;
     }
-    if (cache_.capacity()) {
-      InsertIntoCache(resp);
-      cache_changed = true;
-    }
-    timeline_.Begin(resp.name, "QUEUE");
-    out->work.push_back(req);
+    Decide(req, resp.agreement, out);
   }
   if (cache_changed) PublishLayout();
   return true;
@@ -282,10 +393,11 @@ void Controller::EraseFromCache(uint32_t bit) {
   message_.Release(bit);
 }
 
-void Controller::InsertIntoCache(const Response& resp) {
+void Controller::InsertIntoCache(const std::string& name, const Signature& sig,
+                                 const std::shared_ptr<const Agreement>& agreement) {
   std::optional<std::string> evicted;
-  uint32_t bit = cache_.Insert(resp.name, resp.sig, &evicted);
-  message_.Assign(bit, resp.sig);
+  uint32_t bit = cache_.Insert(name, sig, agreement, &evicted);
+  message_.Assign(bit, sig);
   if (!evicted) return;
   ++stats_.cache_evictions;
   // A request of the evicted name that was waiting on this bit renegotiates.
@@ -407,6 +519,8 @@ void Controller::Reset() {
   unsent_.clear();
   sent_.clear();
   invalid_.clear();
+  rejected_.clear();
+  join_.Reset();
   cache_.Clear();
   message_.ReleaseAll();
   messages_.Clear();
@@ -440,10 +554,14 @@ void Controller::FailAll(const Status& status, CycleOutcome* out) {
   for (auto& [bit, r] : cached_) out->failed.emplace_back(r, status);
   for (auto* r : unsent_) out->failed.emplace_back(r, status);
   for (auto& [name, r] : sent_) out->failed.emplace_back(r, status);
+  for (auto* r : rejected_) out->failed.emplace_back(r, status);
+  if (join_.requested()) out->failed.emplace_back(join_.request(), status);
   cached_.clear();
   unsent_.clear();
   sent_.clear();
   invalid_.clear();
+  rejected_.clear();
+  join_.Reset();
 }
 
 void Controller::PublishLayout() {

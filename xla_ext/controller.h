@@ -13,6 +13,8 @@
 //      rank 0, which matches names and broadcasts responses; after every rank
 //      has decoded them (a one-word commit allreduce), every rank inserts them
 //      into its cache in list order.
+// While some rank has joined (join_state.h), step 1 also yields the joined set
+// and joined ranks take part in the decided collectives through stand-ins.
 // The controller runs on the background thread only. It refers to requests
 // owned by the RequestTable and never completes them itself.
 #pragma once
@@ -28,6 +30,7 @@
 #include "config.h"
 #include "cycle_message.h"
 #include "fault_injection.h"
+#include "join_state.h"
 #include "message_table.h"
 #include "request.h"
 #include "request_table.h"
@@ -67,7 +70,7 @@ class Controller {
   // Everything after the allreduce; the remaining collective steps involve
   // ranks that are all in this cycle, so they do not wait for arrivals.
   CycleOutcome FinishCycle();
-  bool HasPending() const { return !cached_.empty() || !unsent_.empty() || !sent_.empty(); }
+  bool HasPending() const { return OtherPending() || join_.requested() || !rejected_.empty(); }
   bool HasFault();
   // A fault seen outside the cycle (data movement, completion): the next
   // cycle cancels every pending collective on every rank.
@@ -81,16 +84,25 @@ class Controller {
   // yields "some rank has it"; kShutdownRequested's AND is "every rank has it".
   enum Flag {
     kShutdownRequested = 0, kShutdownForced, kUncached, kInvalid, kStallReport, kStallShutdown,
-    kFault, kNumFlags
+    kFault, kJoined, kNumFlags
   };
   enum class CancelCause { kFault, kStall };
 
   void MoveToUncached(uint32_t bit);
+  // Requests other than this rank's join().
+  bool OtherPending() const { return !cached_.empty() || !unsent_.empty() || !sent_.empty(); }
+  // Appends a decided request to the cycle's work (or fails it when the
+  // joined ranks make it impossible); `agreement` is what the ranks agreed.
+  void Decide(Request* req, const std::shared_ptr<const Agreement>& agreement, CycleOutcome* out);
+  // This joined rank's part in a decided collective it did not submit.
+  void StandIn(const std::string& name, int64_t seq, const Signature& sig,
+               const std::shared_ptr<const Agreement>& agreement, CycleOutcome* out);
   // False when some rank failed to complete the round (the commit said so).
-  bool CoordinatorRound(CycleOutcome* out);
+  bool CoordinatorRound(CycleOutcome* out, bool joined_here);
   // Rank 0: matches the gathered requests; returns the response message.
   std::vector<char> MatchRequests(const std::vector<std::vector<char>>& gathered);
-  void InsertIntoCache(const Response& resp);
+  void InsertIntoCache(const std::string& name, const Signature& sig,
+                       const std::shared_ptr<const Agreement>& agreement);
   void EraseFromCache(uint32_t bit);
   void Shutdown(bool forced, bool requested_here, CycleOutcome* out);
   void CancelRound(CancelCause cause);
@@ -111,7 +123,9 @@ class Controller {
   CycleIntent intent_;
   Clock::time_point cycle_start_{};
   uint64_t* bits_ = nullptr;
+  bool joined_here_ = false;  // this rank has joined and posted its bits as stand-ins
   MessageTable messages_;  // used on rank 0 only
+  JoinState join_;
   StallInspector stall_;
   bool eviction_warned_ = false;
   // Stall flags need the oldest pending request; scanning all of them every
@@ -122,6 +136,7 @@ class Controller {
   std::vector<Request*> unsent_;                    // uncached, not yet sent to rank 0
   std::unordered_map<std::string, Request*> sent_;  // sent, awaiting a response
   std::vector<uint32_t> invalid_;                   // bits seen with another signature
+  std::vector<Request*> rejected_;                  // submitted after this rank's join()
   std::mutex fault_mu_;
   std::string fault_;  // this rank's fault since the last cancel round
 

@@ -145,6 +145,19 @@ ffi::Error AllgatherImpl(cudaStream_t stream, CudaCallSite* site, ffi::Remaining
   return RunStaged(stream, {Kind::kAllgather, world_size}, *site, args, rets);
 }
 
+ffi::Error ReducescatterImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
+                             ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size,
+                             int64_t op, double prescale, double postscale) {
+  return RunStaged(stream,
+                   {Kind::kReducescatter, world_size, static_cast<ReduceOp>(op), prescale, postscale, 0},
+                   *site, args, rets);
+}
+
+ffi::Error AlltoallImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
+                        ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size) {
+  return RunStaged(stream, {Kind::kAlltoall, world_size}, *site, args, rets);
+}
+
 ffi::Error RankImpl(cudaStream_t stream, ffi::Result<ffi::Buffer<ffi::S32>> out) {
   auto rank = RunningRank();
   if (rank.has_error()) return rank.error();
@@ -185,6 +198,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(BroadcastCudaInstantiate, InstantiateBroadcast<Cud
                               ffi::Ffi::BindInstantiate() JAXCACHE_FFI_BROADCAST_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherCudaInstantiate, InstantiateGather<CudaCallSite>,
                               ffi::Ffi::BindInstantiate() JAXCACHE_FFI_COMMON_ATTRS);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ReducescatterCudaInstantiate, InstantiateReduce<CudaCallSite>,
+                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_REDUCE_ATTRS);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AlltoallCudaInstantiate, InstantiateGather<CudaCallSite>,
+                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_COMMON_ATTRS);
 
 #define JAXCACHE_CUDA_BIND \
   ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::State<CudaCallSite>>() \
@@ -195,6 +212,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AllreduceCudaHandler, AllreduceImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BroadcastCudaHandler, BroadcastImpl,
                               JAXCACHE_CUDA_BIND JAXCACHE_FFI_BROADCAST_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherCudaHandler, AllgatherImpl,
+                              JAXCACHE_CUDA_BIND JAXCACHE_FFI_COMMON_ATTRS);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ReducescatterCudaHandler, ReducescatterImpl,
+                              JAXCACHE_CUDA_BIND JAXCACHE_FFI_REDUCE_ATTRS);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AlltoallCudaHandler, AlltoallImpl,
                               JAXCACHE_CUDA_BIND JAXCACHE_FFI_COMMON_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RankCudaHandler, RankImpl,
                               ffi::Ffi::Bind()

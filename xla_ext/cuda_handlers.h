@@ -30,10 +30,14 @@ void* CudaCallSiteTypeInfo();
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AllreduceCudaInstantiate);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BroadcastCudaInstantiate);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AllgatherCudaInstantiate);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ReducescatterCudaInstantiate);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(AlltoallCudaInstantiate);
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AllreduceCudaHandler);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BroadcastCudaHandler);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AllgatherCudaHandler);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ReducescatterCudaHandler);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(AlltoallCudaHandler);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(RankCudaHandler);
 
 // CUDA devices this process can use; -1 (and `error`) when CUDA cannot start

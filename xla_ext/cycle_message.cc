@@ -71,7 +71,7 @@ std::size_t CycleMessage::RegionUsed() const {
 void CycleMessage::Assign(uint32_t bit, const Signature& sig) {
   Release(bit);
   if (sig.kind != Kind::kAllreduce || sig.tensors.empty()) return;
-  Slot slot{0, 0, sig.op, sig.prescale, sig.postscale, {}};
+  Slot slot{0, 0, Reduction(sig.op), sig.op == ReduceOp::kAverage, sig.prescale, sig.postscale, {}};
   for (const TensorSpec& t : sig.tensors) {
     slot.segments.push_back({slot.bytes, t.NumElements(), t.dtype});
     slot.bytes += RoundUp8(t.NumBytes());
@@ -123,11 +123,12 @@ uint64_t* CycleMessage::Prepare(std::size_t bit_words) {
   return words_.data() + bits_at;
 }
 
-void CycleMessage::Put(uint32_t bit, const Request& req) {
+void CycleMessage::Put(uint32_t bit, const Request& req, int size) {
   const Slot& slot = slots_.at(bit);
+  const double factor = slot.average ? slot.prescale / size : slot.prescale;
   for (std::size_t t = 0; t < slot.segments.size(); ++t) {
     const Segment& seg = slot.segments[t];
-    CopyScaled(req.inputs[t], Region() + seg.offset, seg.count, seg.dtype, slot.prescale);
+    CopyScaled(req.inputs[t], Region() + seg.offset, seg.count, seg.dtype, factor);
   }
 }
 

@@ -48,8 +48,9 @@ class CycleMessage {
   // Lays out a message for `bit_words` words of bitvector and the current slots;
   // returns the bitvector to fill (zeroed). The region starts zeroed too.
   uint64_t* Prepare(std::size_t bit_words);
-  // Copies `req`'s inputs, prescaled, into its slot.
-  void Put(uint32_t bit, const Request& req);
+  // Copies `req`'s inputs, prescaled (for an average also divided by `size`:
+  // the data rides in the cycle only while every rank contributes), into its slot.
+  void Put(uint32_t bit, const Request& req, int size);
   // After the reduction: copies the slot's result, postscaled, to `req`'s outputs.
   void Take(uint32_t bit, Request& req) const;
 
@@ -65,7 +66,8 @@ class CycleMessage {
   };
   struct Slot {
     std::size_t offset, bytes;
-    ReduceOp op;
+    ReduceOp op;  // the operator MPI would apply (an average reduces as a sum)
+    bool average;
     double prescale, postscale;
     std::vector<Segment> segments;  // one per tensor
   };

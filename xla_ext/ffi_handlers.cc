@@ -104,6 +104,18 @@ ffi::Future AllgatherImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::Remai
   return Submit({Kind::kAllgather, world_size}, *site, args, rets);
 }
 
+ffi::Future ReducescatterImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                              std::string_view, int64_t, int64_t world_size, int64_t op,
+                              double prescale, double postscale) {
+  return Submit({Kind::kReducescatter, world_size, static_cast<ReduceOp>(op), prescale, postscale, 0},
+                *site, args, rets);
+}
+
+ffi::Future AlltoallImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                         std::string_view, int64_t, int64_t world_size) {
+  return Submit({Kind::kAlltoall, world_size}, *site, args, rets);
+}
+
 ffi::Error RankImpl(ffi::Result<ffi::Buffer<ffi::S32>> out) {
   auto rank = RunningRank();
   if (rank.has_error()) return rank.error();
@@ -149,6 +161,8 @@ PreparedRequest PrepareRequest(const CollectiveCall& call, const CallSite& site,
   req->sig.postscale = call.postscale;
   req->sig.root = call.root;
   req->sig.device = device;
+  // XLA's result buffers are sized for equal shapes (blocks) on every rank.
+  req->sig.static_shapes = call.kind == Kind::kAllgather || call.kind == Kind::kAlltoall;
   for (std::size_t i = 0; i < args.size(); ++i) {
     auto in = args.get<ffi::AnyBuffer>(i);
     auto out = rets.get<ffi::AnyBuffer>(i);
@@ -161,7 +175,7 @@ PreparedRequest PrepareRequest(const CollectiveCall& call, const CallSite& site,
     spec.dtype = *dtype;
     auto dims = in->dimensions();
     spec.shape.assign(dims.begin(), dims.end());
-    const std::size_t want = spec.NumBytes() * (call.kind == Kind::kAllgather ? size : 1);
+    const std::size_t want = ResultBytes(call.kind, spec, p.runtime->comm().rank(), size);
     if ((*out)->size_bytes() != want || (*out)->element_type() != in->element_type())
       return fail(ErrorKind::kInvalidArgument,
                   "jaxcache: result " + std::to_string(i) + " of '" + name + "' has " +
@@ -209,6 +223,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(BroadcastHandler, BroadcastImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherInstantiate, InstantiateGather<CpuCallSite>,
                               ffi::Ffi::BindInstantiate() JAXCACHE_FFI_COMMON_ATTRS);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ReducescatterInstantiate, InstantiateReduce<CpuCallSite>,
+                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_REDUCE_ATTRS);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ReducescatterHandler, ReducescatterImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::State<CpuCallSite>>()
+                                  .RemainingArgs()
+                                  .RemainingRets() JAXCACHE_FFI_REDUCE_ATTRS);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AlltoallInstantiate, InstantiateGather<CpuCallSite>,
+                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_COMMON_ATTRS);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AlltoallHandler, AlltoallImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::State<CpuCallSite>>()
+                                  .RemainingArgs()
+                                  .RemainingRets() JAXCACHE_FFI_COMMON_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherHandler, AllgatherImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::State<CpuCallSite>>()

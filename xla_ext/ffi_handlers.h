@@ -108,6 +108,10 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(BroadcastInstantiate);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(BroadcastHandler);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AllgatherInstantiate);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AllgatherHandler);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ReducescatterInstantiate);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(ReducescatterHandler);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(AlltoallInstantiate);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(AlltoallHandler);
 // Synchronous: this process's rank, read when the program runs.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(RankHandler);
 

@@ -36,6 +36,9 @@ struct Handle {
   std::condition_variable cv;
   bool done = false;
   Status status;
+  // Outputs the executor allocated (allgather with agreed sizes, alltoall).
+  std::shared_ptr<OutputStore> store;
+  int32_t value = -1;  // join(): the rank that joined last
 
   void Finish(const Status& st) {
     std::lock_guard<std::mutex> lock(mu);
@@ -138,6 +141,55 @@ std::shared_ptr<Handle> Track(RequestPtr req, std::shared_ptr<Runtime> rt) {
   return handle;
 }
 
+TensorSpec Spec(const InArray& a, const std::vector<int>& dtype_codes, std::size_t i) {
+  TensorSpec spec;
+  // An explicit code covers dtypes a producer cannot export (NumPy's bfloat16).
+  spec.dtype = i < dtype_codes.size() && dtype_codes[i] >= 0 ? static_cast<DType>(dtype_codes[i])
+                                                            : FromDlpack(a.dtype());
+  for (std::size_t d = 0; d < a.ndim(); ++d) spec.shape.push_back(a.shape(d));
+  return spec;
+}
+
+// An allgather or alltoall whose outputs the executor allocates once the ranks
+// have agreed on their sizes; read them with Handle.results().
+std::shared_ptr<Handle> SubmitAllocated(int kind, const std::string& name, std::vector<InArray> inputs,
+                                        std::vector<int64_t> splits, std::vector<int> dtype_codes,
+                                        bool refuse_if_in_flight, int device) {
+  if (kind != int(Kind::kAllgather) && kind != int(Kind::kAlltoall))
+    throw std::invalid_argument("jaxcache: only allgather and alltoall allocate their outputs");
+  auto rt = Running();
+  auto req = std::make_unique<Request>();
+  req->name = name;
+  req->sig.kind = static_cast<Kind>(kind);
+  req->sig.device = static_cast<Device>(device);
+  req->sig.splits = std::move(splits);
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    req->sig.tensors.push_back(Spec(inputs[i], dtype_codes, i));
+    req->inputs.push_back(inputs[i].data());
+    req->outputs.push_back(nullptr);
+  }
+  req->store = std::make_shared<OutputStore>();
+  req->refuse_if_in_flight = refuse_if_in_flight;
+  auto store = req->store;
+  auto handle = Track(std::move(req), std::move(rt));
+  handle->store = std::move(store);
+  return handle;
+}
+
+// The executor's outputs as (bytes, shape) pairs; the arrays keep them alive.
+nb::list Results(Handle& h) {
+  nb::list out;
+  if (!h.store) return out;
+  for (auto& b : h.store->buffers) {
+    auto* keep = new std::shared_ptr<OutputStore>(h.store);
+    nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<OutputStore>*>(p); });
+    std::size_t shape[1] = {b.bytes};
+    nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> bytes(b.data.get(), 1, shape, owner);
+    out.append(nb::make_tuple(bytes, nb::cast(b.shape)));
+  }
+  return out;
+}
+
 std::shared_ptr<Handle> SubmitArrays(int kind, const std::string& name,
                                      std::vector<InArray> inputs, std::vector<OutArray> outputs,
                                      int op, double prescale, double postscale, int root,
@@ -158,16 +210,14 @@ std::shared_ptr<Handle> SubmitArrays(int kind, const std::string& name,
   // The buffers are host memory (a bridge staged device tensors already);
   // the device kind only has to agree across ranks.
   req->sig.device = static_cast<Device>(device);
+  // Caller-sized outputs: the ranks must agree on equal shapes (blocks).
+  req->sig.static_shapes = kind == int(Kind::kAllgather) || kind == int(Kind::kAlltoall);
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    TensorSpec spec;
-    // An explicit code covers dtypes a producer cannot export (NumPy's bfloat16).
-    spec.dtype = i < dtype_codes.size() && dtype_codes[i] >= 0 ? static_cast<DType>(dtype_codes[i])
-                                                              : FromDlpack(inputs[i].dtype());
+    TensorSpec spec = Spec(inputs[i], dtype_codes, i);
     if (outputs[i].size() * outputs[i].itemsize() !=
-        (inputs[i].size() * inputs[i].itemsize()) * (kind == int(Kind::kAllgather) ? rt->comm().size() : 1))
+        ResultBytes(req->sig.kind, spec, rt->comm().rank(), rt->comm().size()))
       throw std::invalid_argument("jaxcache: output " + std::to_string(i) + " of '" + name +
                                   "' has the wrong number of bytes");
-    for (std::size_t d = 0; d < inputs[i].ndim(); ++d) spec.shape.push_back(inputs[i].shape(d));
     req->sig.tensors.push_back(std::move(spec));
     req->inputs.push_back(inputs[i].data());
     req->outputs.push_back(outputs[i].data());
@@ -226,6 +276,8 @@ NB_MODULE(_jaxcache_ext, m) {
     cpu["jaxcache_allreduce"] = stages(AllreduceInstantiate, AllreduceHandler);
     cpu["jaxcache_broadcast"] = stages(BroadcastInstantiate, BroadcastHandler);
     cpu["jaxcache_allgather"] = stages(AllgatherInstantiate, AllgatherHandler);
+    cpu["jaxcache_reducescatter"] = stages(ReducescatterInstantiate, ReducescatterHandler);
+    cpu["jaxcache_alltoall"] = stages(AlltoallInstantiate, AlltoallHandler);
     cpu["jaxcache_rank"] = Capsule(RankHandler);
     nb::dict d;
     d["cpu"] = cpu;
@@ -234,6 +286,8 @@ NB_MODULE(_jaxcache_ext, m) {
     cuda["jaxcache_allreduce"] = stages(AllreduceCudaInstantiate, AllreduceCudaHandler);
     cuda["jaxcache_broadcast"] = stages(BroadcastCudaInstantiate, BroadcastCudaHandler);
     cuda["jaxcache_allgather"] = stages(AllgatherCudaInstantiate, AllgatherCudaHandler);
+    cuda["jaxcache_reducescatter"] = stages(ReducescatterCudaInstantiate, ReducescatterCudaHandler);
+    cuda["jaxcache_alltoall"] = stages(AlltoallCudaInstantiate, AlltoallCudaHandler);
     cuda["jaxcache_rank"] = Capsule(RankCudaHandler);
     d["CUDA"] = cuda;
 #endif
@@ -308,18 +362,40 @@ NB_MODULE(_jaxcache_ext, m) {
       },
       nb::arg("name"));
 
+  m.def(
+      "join",
+      [](const std::string& name) {
+        auto rt = Running();
+        auto req = std::make_unique<Request>();
+        req->name = name;
+        req->sig.kind = Kind::kJoin;
+        auto handle = std::make_shared<Handle>();
+        req->outputs.push_back(&handle->value);  // the handle outlives the request
+        req->done = Completion([handle](const Status& st) { handle->Finish(st); }, /*cheap=*/true);
+        rt->Submit(std::move(req));
+        return handle;
+      },
+      nb::arg("name"));
+
   // The address the runtime would read: lets tests prove DLPack hand-over is zero-copy.
   m.def("data_pointer", [](InArray a) { return reinterpret_cast<uintptr_t>(a.data()); });
 
   nb::class_<Handle>(m, "Handle")
       .def("wait", &WaitInterruptibly)
-      .def("poll", &Handle::Poll);
+      .def("poll", &Handle::Poll)
+      .def("results", &Results)
+      .def("rows", [](Handle& h) { return h.store ? h.store->rows : std::vector<int64_t>(); })
+      .def("value", [](Handle& h) { return h.value; });
   // noconvert: an array that would need converting (non-contiguous, wrong device)
   // is refused instead of being silently copied -- results written into a
   // temporary copy would be lost.
   m.def("submit", &SubmitArrays, nb::arg("kind"), nb::arg("name"), nb::arg("inputs").noconvert(),
         nb::arg("outputs").noconvert(), nb::arg("op") = 0, nb::arg("prescale") = 1.0,
         nb::arg("postscale") = 1.0, nb::arg("root") = 0,
+        nb::arg("dtype_codes") = std::vector<int>(), nb::arg("refuse_if_in_flight") = false,
+        nb::arg("device") = 0);
+  m.def("submit_allocated", &SubmitAllocated, nb::arg("kind"), nb::arg("name"),
+        nb::arg("inputs").noconvert(), nb::arg("splits") = std::vector<int64_t>(),
         nb::arg("dtype_codes") = std::vector<int>(), nb::arg("refuse_if_in_flight") = false,
         nb::arg("device") = 0);
 }

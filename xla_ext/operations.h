@@ -1,6 +1,6 @@
 // Executes the decided work of one cycle: allreduce through the fusion
-// buffer (small tensors) or in place (large ones), broadcast, allgather and
-// barrier. Every rank executes the same list, so every rank issues the same
+// buffer (small tensors) or in place (large ones), broadcast, allgather,
+// reducescatter, alltoall, barrier and join. Every rank executes the same list, so every rank issues the same
 // MPI calls in the same order -- also after a call failed on this rank: the
 // peers make the remaining calls too, so this rank makes them as well and
 // fails only the requests the failed call touched.
@@ -47,6 +47,15 @@ class Operations {
   void DirectAllreduce(Task& task, const Item& item);
   void BroadcastTensor(Task& task, std::size_t tensor);
   void AllgatherTensor(Task& task, std::size_t tensor);
+  void ReducescatterTensor(Task& task, std::size_t tensor);
+  void AlltoallTensor(Task& task, std::size_t tensor);
+  // The ranks whose data counts (those that have not joined).
+  int Contributors(const Request& r) const { return r.contributors ? r.contributors : comm_.size(); }
+  // The prescale with the 1/contributors of an average folded in.
+  double Prescale(const Request& r) const;
+  // Where tensor `t`'s result goes: the caller's buffer, or one the executor
+  // allocates now that the ranks have agreed on its size.
+  char* Output(Request& r, std::size_t t, std::size_t bytes, std::vector<int64_t> shape);
   // Runs one MPI step for `tasks`; a failure (or an injected fault) fails them.
   template <typename Fn>
   void Step(std::vector<Task>& tasks, const std::vector<std::size_t>& touched, Fn&& fn);
@@ -62,6 +71,7 @@ class Operations {
   const Complete* complete_ = nullptr;
   std::string first_failure_;
   std::vector<char> fusion_buffer_;
+  std::vector<char> scratch_;  // reducescatter's prescaled input
 };
 
 }  // namespace jaxcache

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <complex>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -311,15 +312,67 @@ MPI_Datatype MpiDatatype(DType d) {
 }
 
 MPI_Op MpiOp(DType d, ReduceOp op) {
+  op = Reduction(op);
   if (d == DType::kFloat16) return half_ops[0][static_cast<int>(op)];
   if (d == DType::kBFloat16) return half_ops[1][static_cast<int>(op)];
   switch (op) {
-    case ReduceOp::kSum: return MPI_SUM;
+    case ReduceOp::kSum: case ReduceOp::kAverage: return MPI_SUM;
     case ReduceOp::kMin: return MPI_MIN;
     case ReduceOp::kMax: return MPI_MAX;
     case ReduceOp::kProd: return MPI_PROD;
   }
   return MPI_SUM;
+}
+
+namespace {
+template <typename T>
+void FillWith(void* buf, int64_t n, T value) {
+  std::fill_n(static_cast<T*>(buf), n, value);
+}
+
+template <typename T>
+void FillNumeric(void* buf, int64_t n, ReduceOp op) {
+  using L = std::numeric_limits<T>;
+  if (op == ReduceOp::kProd) return FillWith<T>(buf, n, T(1));
+  if constexpr (std::is_floating_point_v<T>) {
+    FillWith<T>(buf, n, op == ReduceOp::kMin ? L::infinity() : -L::infinity());
+  } else {
+    FillWith<T>(buf, n, op == ReduceOp::kMin ? L::max() : L::lowest());
+  }
+}
+}  // namespace
+
+void FillIdentity(void* buf, int64_t n, DType d, ReduceOp op) {
+  op = Reduction(op);
+  if (op == ReduceOp::kSum || n == 0) {
+    std::memset(buf, 0, n * ElementSize(d));  // zero is all-zero bits in every dtype
+    return;
+  }
+  switch (d) {
+    case DType::kBool: return FillWith<uint8_t>(buf, n, op == ReduceOp::kMax ? 0 : 1);
+    case DType::kInt8: return FillNumeric<int8_t>(buf, n, op);
+    case DType::kInt16: return FillNumeric<int16_t>(buf, n, op);
+    case DType::kInt32: return FillNumeric<int32_t>(buf, n, op);
+    case DType::kInt64: return FillNumeric<int64_t>(buf, n, op);
+    case DType::kUInt8: return FillNumeric<uint8_t>(buf, n, op);
+    case DType::kUInt16: return FillNumeric<uint16_t>(buf, n, op);
+    case DType::kUInt32: return FillNumeric<uint32_t>(buf, n, op);
+    case DType::kUInt64: return FillNumeric<uint64_t>(buf, n, op);
+    case DType::kFloat32: return FillNumeric<float>(buf, n, op);
+    case DType::kFloat64: return FillNumeric<double>(buf, n, op);
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      const bool half = d == DType::kFloat16;
+      const float v = op == ReduceOp::kProd ? 1.0f
+                      : op == ReduceOp::kMin ? std::numeric_limits<float>::infinity()
+                                             : -std::numeric_limits<float>::infinity();
+      return FillWith<uint16_t>(buf, n, half ? FloatToHalf(v) : FloatToBFloat16(v));
+    }
+    case DType::kComplex64:  // only prod applies to complex values
+      return FillWith<std::complex<float>>(buf, n, std::complex<float>(1, 0));
+    case DType::kComplex128:
+      return FillWith<std::complex<double>>(buf, n, std::complex<double>(1, 0));
+  }
 }
 
 void Scale(const void* in, void* out, int64_t n, DType d, double factor) {

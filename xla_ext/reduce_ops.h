@@ -25,6 +25,11 @@ void ReduceLocal(DType dtype, ReduceOp op, const void* in, void* inout, int64_t 
 // out[i] = in[i] * factor (in may equal out). Floating and complex dtypes only.
 void Scale(const void* in, void* out, int64_t count, DType dtype, double factor);
 
+// Fills `count` elements with the identity of `op`: what a rank adds when it
+// contributes nothing (0 for sums, 1 for products, the largest value for min,
+// the smallest for max; true / false for bool min / max).
+void FillIdentity(void* buf, int64_t count, DType dtype, ReduceOp op);
+
 float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);
 float BFloat16ToFloat(uint16_t b);

@@ -2,10 +2,13 @@
 // must agree across ranks plus this rank's buffers and its completion.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -41,6 +44,45 @@ class Completion {
   bool cheap_ = false;
 };
 
+// What the ranks agreed beyond the signature, decided by rank 0 from every
+// rank's request and sent to every rank with the response (cached with it):
+//  - allgather: per tensor t and rank r, rows[t * size + r] = rank r's first
+//    dimension of tensor t;
+//  - alltoall: rows[s * size + d] = rows rank s sends to rank d.
+// Ranks that have joined contribute no rows.
+struct Agreement {
+  std::vector<int64_t> rows;
+  bool static_shapes = false;  // some rank's outputs are sized for equal shapes
+};
+
+// Outputs whose size is known only once the ranks have agreed (an eager
+// allgather with a different first dimension per rank, an alltoall): the
+// executor allocates them; the submitter reads them after completion.
+struct OutputStore {
+  struct Buffer {
+    std::unique_ptr<char, void (*)(void*)> data{nullptr, &std::free};
+    std::size_t bytes = 0;
+    std::vector<int64_t> shape;
+  };
+  std::vector<Buffer> buffers;  // one per tensor
+  // allgather: the first dimension of each tensor on each rank (t * size + r);
+  // alltoall: the rows received from each rank.
+  std::vector<int64_t> rows;
+  // Allocates `bytes` (uninitialized: every byte is written by MPI), at least
+  // 64-byte aligned (any dtype, vector loads); never null, even for 0 bytes.
+  static Buffer Allocate(std::size_t bytes, std::vector<int64_t> shape) {
+    Buffer b;
+    b.bytes = bytes;
+    b.shape = std::move(shape);
+    // Large buffers start on a 2 MiB boundary, so that all of them can be huge pages.
+    const std::size_t align = bytes >= (4u << 20) ? (2u << 20) : 64;
+    void* p = std::aligned_alloc(align, std::max(align, (bytes + align - 1) / align * align));
+    if (!p) throw std::bad_alloc();
+    b.data.reset(static_cast<char*>(p));
+    return b;
+  }
+};
+
 struct Request {
   std::string name;
   uint64_t seq = 0;  // this rank's submission number of `name` (set by RequestTable)
@@ -52,6 +94,12 @@ struct Request {
   // on this rank: Horovod's semantics for explicitly named eager requests.
   bool refuse_if_in_flight = false;
   Clock::time_point submitted = Clock::now();
+
+  // Set when the request is decided (see Controller):
+  std::shared_ptr<const Agreement> agreement;  // allgather, alltoall
+  int32_t contributors = 0;  // ranks whose data counts (not joined); 0 = every rank
+  // Set at submission when the executor allocates the outputs.
+  std::shared_ptr<OutputStore> store;
 };
 
 using RequestPtr = std::unique_ptr<Request>;
@@ -62,6 +110,7 @@ struct Response {
   uint64_t seq = 0;
   Status status;  // error responses fail the request on every rank
   Signature sig;  // the agreed signature (for the cache)
+  std::shared_ptr<const Agreement> agreement;  // allgather, alltoall
 };
 
 }  // namespace jaxcache

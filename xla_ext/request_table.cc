@@ -1,5 +1,7 @@
 #include "request_table.h"
 
+#include <algorithm>
+
 namespace jaxcache {
 
 namespace {
@@ -169,6 +171,12 @@ void RequestTable::Close(const Status& why) {
 bool RequestTable::closed() const {
   std::lock_guard<std::mutex> lock(mu_);
   return closed_;
+}
+
+void RequestTable::CountStandIn(const std::string& name, int64_t seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  NameState& ns = names_[name];
+  ns.next_seq = seq >= 0 ? std::max(ns.next_seq, static_cast<uint64_t>(seq) + 1) : ns.next_seq + 1;
 }
 
 bool RequestTable::HasInFlight(const std::string& name) const {

@@ -79,6 +79,10 @@ class RequestTable {
   void Close(const Status& why);
   bool closed() const;
   bool HasInFlight(const std::string& name) const;
+  // Background thread: a joined rank took part in submission `seq` of `name`
+  // through a stand-in (join_state.h), or in the next one when `seq` < 0; its
+  // own next submission of `name` gets the following number.
+  void CountStandIn(const std::string& name, int64_t seq);
 
  private:
   struct NameState {

@@ -11,10 +11,12 @@ ResponseCache::Lookup ResponseCache::Find(const std::string& name, const Signatu
 }
 
 uint32_t ResponseCache::Insert(const std::string& name, const Signature& sig,
+                               std::shared_ptr<const Agreement> agreement,
                                std::optional<std::string>* evicted) {
   auto it = by_name_.find(name);
   if (it != by_name_.end()) {  // re-negotiated after invalidation on all ranks
     slots_[it->second]->sig = sig;
+    slots_[it->second]->agreement = std::move(agreement);
     Touch(it->second);
     return it->second;
   }
@@ -29,7 +31,7 @@ uint32_t ResponseCache::Insert(const std::string& name, const Signature& sig,
     Erase(bit);
   }
   lru_.push_front(bit);
-  slots_[bit] = Entry{name, sig, lru_.begin()};
+  slots_[bit] = Entry{name, sig, std::move(agreement), lru_.begin()};
   by_name_[name] = bit;
   return bit;
 }

@@ -6,12 +6,13 @@
 
 #include <cstdint>
 #include <list>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
-#include "common.h"
+#include "request.h"
 
 namespace jaxcache {
 
@@ -26,10 +27,12 @@ class ResponseCache {
   // kHit: same name and signature; kInvalid: same name, other signature.
   Lookup Find(const std::string& name, const Signature& sig, uint32_t* bit) const;
 
-  // Inserts (or refreshes) an entry; returns its bit. `evicted` receives the
-  // name of the entry whose bit was reused, if any.
+  // Inserts (or refreshes) an entry; returns its bit. `sig` is this rank's
+  // signature (what its next submissions are compared with), `agreement` what
+  // the ranks agreed with it. `evicted` receives the name of the entry whose
+  // bit was reused, if any.
   uint32_t Insert(const std::string& name, const Signature& sig,
-                  std::optional<std::string>* evicted);
+                  std::shared_ptr<const Agreement> agreement, std::optional<std::string>* evicted);
   void Erase(uint32_t bit);
   // Forgets every entry (every rank at the same point of the protocol).
   void Clear();
@@ -37,12 +40,14 @@ class ResponseCache {
   bool Occupied(uint32_t bit) const { return bit < capacity_ && slots_[bit].has_value(); }
   const std::string& NameAt(uint32_t bit) const { return slots_[bit]->name; }
   const Signature& SignatureAt(uint32_t bit) const { return slots_[bit]->sig; }
+  const std::shared_ptr<const Agreement>& AgreementAt(uint32_t bit) const { return slots_[bit]->agreement; }
   std::unordered_map<std::string, uint32_t> Layout() const { return by_name_; }
 
  private:
   struct Entry {
     std::string name;
     Signature sig;
+    std::shared_ptr<const Agreement> agreement;
     std::list<uint32_t>::iterator lru_pos;
   };
   std::size_t capacity_;

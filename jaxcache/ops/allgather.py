@@ -1,4 +1,10 @@
-"""allgather: concatenates every rank's array along axis 0 (a pytree is one request)."""
+"""allgather: concatenates every rank's array along axis 0 (a pytree is one request).
+
+Eagerly, each rank's first dimension may differ: the ranks exchange their shapes in the
+negotiation and the runtime sizes the result. Under jit shapes are static, so every rank
+must pass the same shape; a difference fails on every rank with a MismatchError that
+names the ranks and their shapes.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +15,9 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
-from .. import runtime
+from .. import grouping, runtime
 from .._ext import ensure_registered
 from . import eager, lowering, naming, validation
-from .allreduce import sum_values
-from .rank import traced_rank
 
 allgather_p = Primitive("jaxcache_allgather")
 allgather_p.multiple_results = True
@@ -35,6 +39,7 @@ def _lowering(ctx, *args, name, auto_name, world_size):
 
 
 def _impl(*args, name, auto_name, world_size):
+    # Equal shapes, like under jit (autodiff traces these shapes).
     return eager.run(eager.KIND_ALLGATHER, name, args,
                      [_gathered_shape(a.shape, world_size) for a in args], world_size)
 
@@ -46,20 +51,14 @@ def _jvp(primals, tangents, **params):
 
 
 def _transpose(cts, *args, name, auto_name, world_size):
-    # Each rank's slice of the output came from its input: sum the cotangents over
-    # ranks and keep this rank's slice (the rank is read at run time, so every rank
-    # runs the same program).
+    # Each rank's slice of the output came from its input: the cotangent is the
+    # reducescatter-sum of the output cotangents (lax.all_gather's convention).
+    from .reducescatter import reducescatter_p  # the two transposes refer to each other
+
     cts = [ad.instantiate_zeros(c) for c in cts]
-    summed = sum_values(cts, naming.derived(name, "T"), auto_name, world_size)
-    rank = traced_rank()
-    out = []
-    for s, a in zip(summed, args):
-        shape = a.aval.shape
-        if not shape:
-            out.append(jax.lax.dynamic_index_in_dim(s, rank, axis=0, keepdims=False))
-        else:
-            out.append(jax.lax.dynamic_slice_in_dim(s, rank * shape[0], shape[0], axis=0))
-    return out
+    scattered = reducescatter_p.bind(*cts, name=naming.derived(name, "T"), auto_name=auto_name,
+                                     op="sum", prescale=1.0, postscale=1.0, world_size=world_size)
+    return [s.reshape(a.aval.shape) for s, a in zip(scattered, args)]
 
 
 def _batch(args, dims, **params):
@@ -88,22 +87,58 @@ ad.primitive_transposes[allgather_p] = _transpose
 batching.primitive_batchers[allgather_p] = _batch
 
 
-def allgather(tree, *, name: str | None = None):
-    """Concatenates each rank's arrays along axis 0 (a scalar becomes a vector of `size`).
+def gather_values(values: list, name: str, auto_name: bool = False) -> list:
+    """Gathers already-validated arrays as ONE request (eagerly: first dimensions may differ)."""
+    size = runtime.size()
+    if any(isinstance(v, jax.core.Tracer) for v in values):
+        return list(allgather_p.bind(*values, name=name, auto_name=auto_name, world_size=size))
+    outs, _ = eager.run_allocated(eager.KIND_ALLGATHER, name, values, size)
+    return [jax.device_put(o) for o in outs]  # aliases the runtime's buffer, no copy
 
-    Every rank must pass the same shapes. A pytree is gathered leaf by leaf as one request.
+
+def _leaves(tree, fn: str):
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    values = [validation.as_array(v, fn, f"leaf {jax.tree_util.keystr(p) or 'x'}") for p, v in leaves]
+    return [p for p, _ in leaves], values, treedef
+
+
+def allgather(tree, *, name: str | None = None):
+    """Concatenates each rank's arrays along axis 0 in rank order (a scalar becomes a
+    vector of one value per rank). A pytree is gathered leaf by leaf as one request.
+
+    Eagerly the first dimension may differ between ranks (every other dimension must
+    agree); under jit every rank must pass the same shapes.
     """
     runtime.require_initialized("jaxcache.allgather")
     validation.check_name(name, "allgather")
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
-    if not leaves:
+    _, values, treedef = _leaves(tree, "allgather")
+    if not values:
         return tree
-    values = [validation.as_array(v, "allgather", f"leaf {jax.tree_util.keystr(p) or 'x'}")
-              for p, v in leaves]
     name, auto = naming.collective_name("allgather", name)
-    params = dict(name=name, auto_name=auto, world_size=runtime.size())
-    if any(isinstance(v, jax.core.Tracer) for v in values):
-        out = allgather_p.bind(*values, **params)
-    else:
-        out = _impl(*values, **params)
+    return jax.tree_util.tree_unflatten(treedef, gather_values(values, name, auto))
+
+
+def grouped_allgather(tree, *, name: str | None = None, num_groups: int | None = None,
+                      group_bytes: int | None = None, groups=None):
+    """allgather of every array leaf of `tree`, split into groups like grouped_allreduce.
+
+    Each group is one request, negotiated and cached as a unit (default: reverse leaf
+    order, at most JAXCACHE_FUSION_THRESHOLD bytes per group; or `num_groups`,
+    `group_bytes`, or an explicit `groups`). First dimensions may differ between ranks
+    eagerly, not under jit.
+    """
+    runtime.require_initialized("jaxcache.grouped_allgather")
+    validation.check_name(name, "grouped_allgather")
+    paths, values, treedef = _leaves(tree, "grouped_allgather")
+    if not values:
+        return tree
+    sizes = [v.size * v.dtype.itemsize for v in values]
+    plan = grouping.plan(paths, sizes, num_groups=num_groups, group_bytes=group_bytes,
+                         groups=groups, default_bytes=runtime.settings().fusion_threshold)
+    base, auto = naming.collective_name("grouped_allgather", name)
+    out = [None] * len(values)
+    for g, members in enumerate(plan):
+        gathered = gather_values([values[i] for i in members], f"{base}/{g}of{len(plan)}", auto)
+        for i, r in zip(members, gathered):
+            out[i] = r
     return jax.tree_util.tree_unflatten(treedef, out)

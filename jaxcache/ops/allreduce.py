@@ -1,10 +1,11 @@
 """allreduce: a variadic JAX primitive lowered to the `jaxcache_allreduce` FFI target.
 
 One primitive call is one named request (a group when it has several
-operands), reduced atomically by the runtime. Scaling ("average"
-= a prescale of 1/size, prescale, postscale) happens in the runtime while it
-copies the operand into the result buffer (a streaming copy, as cheap as
-memcpy), which is then reduced in place: averaging costs no extra pass.
+operands), reduced atomically by the runtime. Scaling ("average" = a prescale
+of 1/n, n the ranks that contribute -- every rank, or those that have not
+joined; prescale; postscale) happens in the runtime while it copies the operand
+into the result buffer (a streaming copy, as cheap as memcpy), which is then
+reduced in place: averaging costs no extra pass.
 
 An operand of at least 64 KiB whose buffer XLA can hand over without a copy -- a value computed in the program, or an argument the caller
 donated (jax.jit(..., donate_argnums=...)) -- is instead aliased with its result and
@@ -48,7 +49,7 @@ def _donated_argument(value) -> bool:
     return "tf.aliasing_output" in attrs or "jax.buffer_donor" in attrs
 
 
-def _in_place(value, aval, prescale: float) -> bool:
+def _in_place(value, aval, scaled: bool) -> bool:
     """Whether to reduce this operand in its own buffer (aliased with the result).
 
     Only larger operands gain (the copy it saves is what matters; small ones ride in the
@@ -61,15 +62,16 @@ def _in_place(value, aval, prescale: float) -> bool:
     """
     if aval.size * aval.dtype.itemsize < IN_PLACE_BYTES:
         return False
-    if prescale == 1.0 or not isinstance(value, ir.BlockArgument):
+    if not scaled or not isinstance(value, ir.BlockArgument):
         return True
     return _donated_argument(value)
 
 
 def _lowering(ctx, *args, name, auto_name, op, prescale, postscale, world_size):
     ensure_registered()
+    scaled = prescale != 1.0 or op == "average"
     aliases = {i: i for i, (v, aval) in enumerate(zip(args, ctx.avals_in))
-               if _in_place(v, aval, prescale)}
+               if _in_place(v, aval, scaled)}
     rule = jax.ffi.ffi_lowering("jaxcache_allreduce", operand_output_aliases=aliases or None)
     return rule(ctx, *args, **naming.lowered(ctx, name, auto_name), world_size=np.int64(world_size),
                 op=np.int64(validation.REDUCE_OPS[op]), prescale=np.float64(prescale),
@@ -82,7 +84,7 @@ def _impl(*args, name, auto_name, op, prescale, postscale, world_size):
 
 
 def _jvp(primals, tangents, **params):
-    if params["op"] != "sum":
+    if params["op"] not in ("sum", "average"):
         raise NotImplementedError(
             f"jaxcache: cannot differentiate allreduce op={params['op']!r} ('{params['name']}'); "
             "only 'sum' and 'average' are differentiable"
@@ -94,7 +96,7 @@ def _jvp(primals, tangents, **params):
 
 
 def _transpose(cts, *args, **params):
-    # y = post * sum_r(pre * x_r) is linear and self-adjoint across ranks.
+    # y = post * sum_r(pre * x_r) (/ n for an average) is linear and self-adjoint across ranks.
     cts = [ad.instantiate_zeros(c) for c in cts]
     return allreduce_p.bind(*cts, **dict(params, name=naming.derived(params["name"], "T")))
 
@@ -123,12 +125,9 @@ def sum_values(values: list, name: str, auto_name: bool = False, world_size: int
 def reduce_values(values: list, op: str, name: str, prescale: float, postscale: float,
                   auto_name: bool = False) -> list:
     """Reduces already-validated arrays as ONE request; returns the reduced arrays."""
+    # The runtime divides an average before the sum: free (it rides on the copy into the
+    # result), keeps half-precision sums away from overflow, and counts joined ranks out.
     size = runtime.size()
-    if op == "average":
-        # Dividing before the sum is free (it rides on the copy into the result)
-        # and keeps half-precision sums away from overflow.
-        prescale = prescale / size
-        op = "sum"
     params = dict(name=name, auto_name=auto_name, op=op, prescale=prescale, postscale=postscale,
                   world_size=size)
     if not any(isinstance(v, jax.core.Tracer) for v in values):
@@ -141,7 +140,8 @@ def allreduce(x, op: str = "average", *, name: str | None = None, prescale: floa
               postscale: float = 1.0):
     """Reduces `x` across all ranks: op is "sum", "average", "min", "max" or "prod".
 
-    The result is `postscale * reduce(prescale * x)` ("average" divides by size).
+    The result is `postscale * reduce(prescale * x)` ("average" divides by the number of
+    ranks that contribute: `size`, or the ranks that have not called `join()`).
     Works eagerly and under jit/grad/vmap. `name` matches the call across ranks;
     by default it is derived from the call site.
     """

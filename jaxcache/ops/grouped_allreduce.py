@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import jax
 
-from .. import config as _config
 from .. import grouping, runtime
 from . import naming, validation
 from .allreduce import reduce_values
@@ -36,7 +35,7 @@ def grouped_allreduce(tree, op: str = "average", *, name: str | None = None,
         values.append(v)
     sizes = [v.size * v.dtype.itemsize for v in values]
     plan = grouping.plan(paths, sizes, num_groups=num_groups, group_bytes=group_bytes,
-                         groups=groups, default_bytes=_config.from_env().fusion_threshold)
+                         groups=groups, default_bytes=runtime.settings().fusion_threshold)
     base, auto = naming.collective_name("grouped_allreduce", name)
     out = [None] * len(values)
     for g, members in enumerate(plan):

@@ -7,8 +7,9 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-# Wire codes of xla_ext/common.h ReduceOp; "average" is "sum" plus a postscale.
-REDUCE_OPS = {"sum": 0, "min": 1, "max": 2, "prod": 3}
+# Wire codes of xla_ext/common.h ReduceOp. The runtime divides an "average" by the number
+# of ranks that contribute (all of them, or those that have not joined).
+REDUCE_OPS = {"sum": 0, "min": 1, "max": 2, "prod": 3, "average": 4}
 USER_OPS = ("sum", "average", "min", "max", "prod")
 
 SUPPORTED_DTYPES = frozenset(
@@ -80,6 +81,33 @@ def check_root(root, size: int, fn: str) -> int:
     if not 0 <= int(root) < size:
         raise ValueError(f"jaxcache.{fn}: root={root} is outside [0, {size}) (world size {size})")
     return int(root)
+
+
+def check_first_dim(x, fn: str, what: str) -> None:
+    """Collectives that split the first dimension refuse scalars."""
+    if not np.ndim(x):
+        raise ValueError(f"jaxcache.{fn}: {what} is a scalar; it needs a first dimension to split")
+
+
+def check_splits(splits, fn: str) -> list[int]:
+    """A 1-D sequence of non-negative ints. Its length and sum are checked by rank 0, so that
+    a mismatch between ranks fails on every rank (MismatchError) instead of on one."""
+    if isinstance(splits, (jax.Array, np.ndarray)) and not isinstance(splits, jax.core.Tracer):
+        if splits.ndim != 1 or not jnp.issubdtype(splits.dtype, jnp.integer):
+            raise TypeError(f"jaxcache.{fn}: splits must be a 1-D integer array, got "
+                            f"{splits.dtype}{list(splits.shape)}")
+        values = [int(v) for v in np.asarray(splits)]
+    elif isinstance(splits, (list, tuple)):
+        values = list(splits)
+        for v in values:
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"jaxcache.{fn}: splits must be ints, got {splits!r}")
+    else:
+        raise TypeError(f"jaxcache.{fn}: splits must be a list, tuple or 1-D integer array of "
+                        f"rows per destination rank, got {type(splits).__name__}")
+    if any(v < 0 for v in values):
+        raise ValueError(f"jaxcache.{fn}: splits must not be negative, got {[int(v) for v in values]}")
+    return [int(v) for v in values]
 
 
 def check_name(name, fn: str) -> None:

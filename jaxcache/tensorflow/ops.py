@@ -68,8 +68,8 @@ def check_reduction(x, op: str, prescale, postscale, fn: str, what: str) -> None
 
 
 def reduce_args(op: str, prescale: float, postscale: float) -> tuple[int, float, float]:
-    if op == "average":
-        return validation.REDUCE_OPS["sum"], float(prescale), float(postscale) / _runtime.size()
+    """Wire op code and scales. The runtime divides an 'average' by the ranks that contribute
+    (every rank, or those that have not joined)."""
     return validation.REDUCE_OPS[op], float(prescale), float(postscale)
 
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 import torch
 
+from .. import objects
 from .. import runtime as _runtime
 from ..compat import objects, process_sets
 from ..compat.process_sets import global_process_set

@@ -90,9 +90,8 @@ def check_name(name, fn: str) -> None:
 
 
 def reduce_args(op: str, prescale: float, postscale: float) -> tuple[int, float, float]:
-    """Wire op code and scales; 'average' is a sum with postscale 1/size."""
-    if op == "average":
-        return validation.REDUCE_OPS["sum"], float(prescale), float(postscale) / _runtime.size()
+    """Wire op code and scales. The runtime divides an 'average' by the ranks that contribute
+    (every rank, or those that have not joined)."""
     return validation.REDUCE_OPS[op], float(prescale), float(postscale)
 
 

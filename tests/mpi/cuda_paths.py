@@ -79,16 +79,14 @@ def lowering():
         assert devices.cuda_built() == (expect_built == "1"), (jc.__file__, devices.cuda_built())
     x = jnp.arange(12, dtype=jnp.float32).reshape(4, 3)
 
-    # allreduce: every op, with scales ("average" is a sum with a prescale of 1/size).
+    # allreduce: every op, with scales ("average" is an op of its own: the runtime divides).
     for op in ("sum", "average", "min", "max", "prod"):
         calls = lowered(lambda v: jc.allreduce(v, op=op, name=f"ar-{op}", prescale=2.0,
                                                postscale=0.5), x)
         c = only(calls, "jaxcache_allreduce")
         check_common(c, f"ar-{op}")
-        want_op = REDUCE_OPS["sum" if op == "average" else op]
-        want_pre = 2.0 / size if op == "average" else 2.0
-        assert c["attrs"]["op"] == want_op, (op, c)
-        assert abs(c["attrs"]["prescale"] - want_pre) < 1e-12, (op, c)
+        assert c["attrs"]["op"] == REDUCE_OPS[op], (op, c)
+        assert c["attrs"]["prescale"] == 2.0, (op, c)
         assert c["attrs"]["postscale"] == 0.5, (op, c)
         assert c["results"] == "tensor<4x3xf32>", c
         assert not c["aliased"], c
@@ -118,8 +116,13 @@ def lowering():
     only(calls, "jaxcache_rank")
     transposed = only(calls, "jaxcache_allreduce")["attrs"]["name"]
     assert transposed.startswith("g/") and transposed.endswith("/T"), transposed
+    # allgather transposes to a reducescatter (and the reverse), alltoall to itself.
     calls = lowered(jax.grad(lambda v: jc.allgather(v, name="h").sum()), x)
-    only(calls, "jaxcache_rank")
+    only(calls, "jaxcache_reducescatter")
+    calls = lowered(lambda v: jc.reducescatter(v, "sum", name="rs"), x[:2 * (4 // 2)].reshape(-1)[:size * 2])
+    check_common(only(calls, "jaxcache_reducescatter"), "rs")
+    calls = lowered(lambda v: jc.alltoall(v, name="a2a"), jnp.arange(size * 3, dtype=jnp.float32))
+    check_common(only(calls, "jaxcache_alltoall"), "a2a")
 
     # The CUDA program asks for the same collectives as the CPU one (same names, attributes).
     def step(v):

@@ -1,0 +1,164 @@
+"""reducescatter and alltoall of one float32 tensor, jaxcache against raw MPI and mpi4jax.
+
+    mpirun -np 2 python benchmarks/collectives.py [--ops reducescatter,alltoall]
+        [--sizes 1M,4M,16M,64M,100M] [--batches 15] [--json out.json]
+
+For each op and tensor size (bytes of the input on each rank), in the same job:
+  mpi4py      Reduce_scatter_block (sum) / Alltoall of the same bytes: the baseline
+  mpi4jax     mpi4jax.alltoall under jax.jit (mpi4jax has no reduce-scatter)  (if installed)
+  jc_eager    jaxcache.reducescatter / alltoall on a concrete array
+  jc_jit      the same inside jax.jit
+Each method is checked once against NumPy, then timed in batches of back-to-back calls
+(barrier before each batch, slowest rank counts); the median batch is reported per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+import common  # noqa: E402  (imports mpi4py.MPI first)
+from allreduce import calls_per_batch, format_size, parse_size  # noqa: E402
+from common import COMM, MPI  # noqa: E402
+
+MIB = 1024 * 1024
+DEFAULT_SIZES = [MIB, 4 * MIB, 16 * MIB, 64 * MIB, 100 * MIB]
+OPS = ("reducescatter", "alltoall")
+
+
+def expected(op: str, n: int) -> np.ndarray:
+    """What this rank must receive from rank_tensor inputs of n values per rank."""
+    size, rank = COMM.Get_size(), COMM.Get_rank()
+    block = n // size
+    if op == "reducescatter":
+        return common.reference([(n,)], size, "sum")[0][rank * block:(rank + 1) * block]
+    return np.concatenate([common.rank_tensor((n,), 0, q)[rank * block:(rank + 1) * block] for q in range(size)])
+
+
+def methods_for(op: str, x: np.ndarray, jax: Any, jc: Any, m4j: Any) -> dict[str, Callable[[], Any]]:
+    """Blocking single-call functions per method, all computing the same result."""
+    size = COMM.Get_size()
+    if op == "reducescatter":
+        recv = np.empty(x.size // size, x.dtype)
+        out: dict[str, Callable[[], Any]] = {"mpi4py": lambda: (COMM.Reduce_scatter_block(x, recv, op=MPI.SUM), recv)[1]}
+    else:
+        recv = np.empty_like(x)
+        out = {"mpi4py": lambda: (COMM.Alltoall(x, recv), recv)[1]}
+    if m4j is not None and op == "alltoall":
+        xb = jax.numpy.asarray(x.reshape(size, -1))  # mpi4jax wants one row per rank
+
+        def one(v):
+            r = m4j.alltoall(v, comm=COMM)
+            return (r[0] if isinstance(r, tuple) else r).reshape(-1)  # older mpi4jax: (x, token)
+
+        m4j_jit = jax.jit(one)
+        out["mpi4jax"] = lambda: jax.block_until_ready(m4j_jit(xb))
+    if jc is not None:
+        xj = jax.numpy.asarray(x)
+        fn = (lambda v: jc.reducescatter(v, "sum", name=f"bench.{op}")) if op == "reducescatter" else \
+             (lambda v: jc.alltoall(v, name=f"bench.{op}"))
+        jitted = jax.jit(fn)
+        out["jc_eager"] = lambda: jax.block_until_ready(fn(xj))
+        out["jc_jit"] = lambda: jax.block_until_ready(jitted(xj))
+    return out
+
+
+def measure(fn, want, batches: int, target_s: float) -> tuple[float | None, str]:
+    note = ""
+    try:
+        got = np.asarray(fn())
+        ok = got.shape == want.shape and np.allclose(got, want, rtol=1e-6)
+        note = "" if ok else "WRONG RESULT"
+    except Exception as exc:  # noqa: BLE001
+        ok, note = False, f"error: {type(exc).__name__}: {exc}"
+    if not common.agree(ok):
+        return None, note or "failed on another rank"
+    iters = calls_per_batch(fn, target_s)
+    return common.median(common.synced_batches(fn, 1, batches, iters)), note
+
+
+def run_size(op: str, nbytes: int, mods: dict, batches: int, target_s: float) -> dict[str, Any]:
+    size = COMM.Get_size()
+    n = nbytes // 4 // size * size
+    x = common.rank_tensor((n,), 0, COMM.Get_rank())
+    row: dict[str, Any] = {"op": op, "size": format_size(nbytes), "bytes": nbytes}
+    notes = []
+    meter = common.OtherLoad()
+    meter.start()
+    for name, fn in methods_for(op, x, mods.get("jax"), mods.get("jc"), mods.get("m4j")).items():
+        seconds, note = measure(fn, expected(op, n), batches, target_s)
+        if note:
+            notes.append(f"{name}: {note}")
+        if seconds is not None:
+            row[f"{name}_us"] = seconds * 1e6
+    for name in ("mpi4jax", "jc_eager", "jc_jit"):
+        row[f"{name}/mpi"] = common.ratio(row.get(f"{name}_us"), row.get("mpi4py_us"))
+    row["other_load"] = meter.stop()
+    meter.free()
+    row["note"] = "; ".join(notes)
+    return row
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ops", default=",".join(OPS), help="comma list of: " + ",".join(OPS))
+    p.add_argument("--sizes", default=None, help="comma list of byte sizes per rank, e.g. 1M,64M")
+    p.add_argument("--batches", type=int, default=15, help="timed batches per size and method")
+    p.add_argument("--batch-ms", type=float, default=50.0, help="target duration of one batch")
+    p.add_argument("--json", default=None, help="write results to this JSON file (rank 0)")
+    args = p.parse_args(argv)
+    args.ops = [o for o in args.ops.split(",") if o]
+    for o in args.ops:
+        if o not in OPS:
+            p.error(f"unknown op {o!r}")
+    args.sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    load_before = common.say_load("before")
+    mods: dict[str, Any] = {}
+    jax, _ = common.optional_import("jax")
+    m4j, why_m4j = common.optional_import("mpi4jax", ("alltoall",)) if jax is not None else (None, "no jax")
+    jc, why_jc = common.optional_import("jaxcache", ("init", "reducescatter", "alltoall"))
+    if jax is not None:
+        mods["jax"] = jax
+    if m4j is not None:
+        mods["m4j"] = m4j
+    else:
+        common.say("mpi4jax not measured:", why_m4j)
+    if jc is not None and jax is not None:
+        jc.init()
+        mods["jc"] = jc
+    else:
+        common.say("jaxcache not available:", why_jc or "jax missing")
+    rows = []
+    try:
+        for op in args.ops:
+            for nbytes in args.sizes:
+                common.say(f"# {op} {format_size(nbytes)}", file=sys.stderr)
+                rows.append(run_size(op, nbytes, mods, args.batches, args.batch_ms / 1e3))
+    finally:
+        if "jc" in mods:
+            jc.shutdown()
+    columns = ["op", "size", "mpi4py_us", "mpi4jax_us", "jc_eager_us", "jc_jit_us", "mpi4jax/mpi",
+               "jc_eager/mpi", "jc_jit/mpi", "other_load", "note"]
+    common.say(f"P={COMM.Get_size()}; size = bytes of each rank's input; mpi4py = Reduce_scatter_block "
+               "(sum) / Alltoall; other_load = cores used by processes outside this job (~0 = idle host)")
+    common.print_table(rows, columns)
+    load_after = common.say_load("after")
+    common.dump_json(args.json, {"load_before": load_before, "load_after": load_after,
+                                 "benchmark": "collectives", "P": COMM.Get_size(),
+                                 "batches": args.batches, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Collectives of picklable Python objects, shared by jaxcache, jaxcache.torch and
+jaxcache.tensorflow: configurations, checkpoint paths, metrics.
+
+broadcast_object: two small broadcasts (the pickle's length, then its bytes).
+allgather_object: one allgather of every rank's pickle; the ranks' byte counts travel
+in the negotiation, so differently sized objects need no extra round.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import numpy as np
+
+from . import runtime as _runtime
+from ._ext import ext
+from .errors import raise_for_status
+from .ops import eager, naming, validation
+
+
+def _name(name: str | None, kind: str, api: str) -> str:
+    validation.check_name(name, api)
+    return naming.collective_name(kind, name)[0]
+
+
+def _broadcast_bytes(name: str, buf: np.ndarray, root: int) -> None:
+    handle = ext.submit(eager.KIND_BROADCAST, name, [buf], [buf], 0, 1.0, 1.0, root,
+                        [eager.DTYPE_CODES[buf.dtype]])
+    status, message = eager.wait(handle, buf)
+    raise_for_status(status, message)
+
+
+def broadcast(obj: Any, root: int, name: str | None, api: str) -> Any:
+    """broadcast_object for the API `api` (its name appears in error messages)."""
+    _runtime.require_initialized(f"jaxcache.{api}")
+    root = validation.check_root(root, _runtime.size(), api)
+    base = _name(name, "broadcast_object", api)
+    is_root = _runtime.rank() == root
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if is_root else b""
+    length = np.array([len(payload)], np.int64)
+    _broadcast_bytes(f"{base}.len", length, root)
+    buf = np.frombuffer(bytearray(payload), np.uint8) if is_root else np.empty(int(length[0]), np.uint8)
+    _broadcast_bytes(f"{base}.data", buf, root)
+    return obj if is_root else pickle.loads(buf.tobytes())
+
+
+def allgather(obj: Any, name: str | None, api: str) -> list:
+    """allgather_object for the API `api`."""
+    _runtime.require_initialized(f"jaxcache.{api}")
+    base = _name(name, "allgather_object", api)
+    payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    (data,), rows = eager.run_allocated(eager.KIND_ALLGATHER, base, [payload], _runtime.size())
+    out, offset = [], 0
+    for n in rows:
+        out.append(pickle.loads(data[offset:offset + n].tobytes()))
+        offset += n
+    return out
+
+
+def broadcast_object(obj: Any = None, root: int = 0, *, name: str | None = None) -> Any:
+    """`root`'s picklable `obj`, on every rank (other ranks' `obj` is ignored)."""
+    return broadcast(obj, root, name, "broadcast_object")
+
+
+def allgather_object(obj: Any, *, name: str | None = None) -> list:
+    """Every rank's picklable `obj`, as a list in rank order, on every rank."""
+    return allgather(obj, name, "allgather_object")

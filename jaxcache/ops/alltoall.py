@@ -1,0 +1,111 @@
+"""alltoall: rank r sends block j of its first dimension to rank j and concatenates, in
+rank order, the blocks it receives.
+
+Under jit the blocks are equal (static shapes: the first dimension divides into `size`
+blocks and the result has the input's shape). Eagerly, `splits` gives the rows sent to
+each rank and may differ from rank to rank; the ranks exchange them in the negotiation,
+the runtime sizes the result, and the call also returns the rows received from each rank.
+
+alltoall is linear and its own transpose (the block rank r sends rank j comes back from
+rank j to rank r), so its gradient is the alltoall of the cotangent.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching
+
+from .. import runtime
+from .._ext import ensure_registered
+from . import eager, lowering, naming, validation
+
+alltoall_p = Primitive("jaxcache_alltoall")
+alltoall_p.multiple_results = True
+
+
+def _check_static(shape: tuple, world_size: int, name: str) -> None:
+    if not shape:
+        raise ValueError(f"jaxcache.alltoall: '{name}' is a scalar; it needs a first dimension to split")
+    if shape[0] % world_size:
+        raise ValueError(
+            f"jaxcache.alltoall: under jit the first dimension splits into {world_size} equal "
+            f"blocks, but '{name}' has shape {tuple(shape)}; call alltoall eagerly with splits "
+            "for uneven blocks, or pad"
+        )
+
+
+def _abstract_eval(*avals, name, world_size, **params):
+    for a in avals:
+        _check_static(a.shape, world_size, name)
+    return [jax.core.ShapedArray(a.shape, a.dtype) for a in avals]
+
+
+def _lowering(ctx, *args, name, auto_name, world_size):
+    ensure_registered()
+    rule = jax.ffi.ffi_lowering("jaxcache_alltoall")
+    return rule(ctx, *args, **naming.lowered(ctx, name, auto_name), world_size=np.int64(world_size))
+
+
+def _impl(*args, name, auto_name, world_size):
+    for a in args:  # equal blocks, like under jit (autodiff traces these shapes)
+        _check_static(a.shape, world_size, name)
+    return eager.run(eager.KIND_ALLTOALL, name, args, [a.shape for a in args], world_size)
+
+
+def _jvp(primals, tangents, **params):
+    out = alltoall_p.bind(*primals, **params)
+    tangents = [ad.instantiate_zeros(t) for t in tangents]
+    return out, alltoall_p.bind(*tangents, **dict(params, name=naming.derived(params["name"], "jvp")))
+
+
+def _transpose(cts, *args, **params):
+    cts = [ad.instantiate_zeros(c) for c in cts]
+    return alltoall_p.bind(*cts, **dict(params, name=naming.derived(params["name"], "T")))
+
+
+def _batch(args, dims, **params):
+    # Blocks along the first unbatched axis: move the batch axis behind it.
+    (a,), (d,) = args, dims
+    out = alltoall_p.bind(jnp.moveaxis(a, d, 1), **params)
+    return out, [1]
+
+
+alltoall_p.def_impl(_impl)
+alltoall_p.def_abstract_eval(_abstract_eval)
+lowering.register(alltoall_p, _lowering, cacheable=False)
+ad.primitive_jvps[alltoall_p] = _jvp
+ad.primitive_transposes[alltoall_p] = _transpose
+batching.primitive_batchers[alltoall_p] = _batch
+
+
+def alltoall(x, *, name: str | None = None, splits=None):
+    """Sends block j of `x`'s first dimension to rank j; returns the received blocks
+    concatenated in rank order.
+
+    splits=None: `size` equal blocks (the first dimension must divide evenly); the result
+    has `x`'s shape when every rank does the same. Eagerly, `splits` (rows per destination
+    rank, summing to `x.shape[0]`) may differ between ranks; the call then returns
+    `(result, received_splits)`, the rows received from each rank. Under jit `splits` must
+    be None. Works under jit/grad/vmap (equal blocks).
+    """
+    runtime.require_initialized("jaxcache.alltoall")
+    validation.check_name(name, "alltoall")
+    x = validation.as_array(x, "alltoall", "x")
+    validation.check_first_dim(x, "alltoall", "x")
+    size = runtime.size()
+    name, auto = naming.collective_name("alltoall", name)
+    if isinstance(x, jax.core.Tracer):
+        if splits is not None:
+            raise ValueError("jaxcache.alltoall: under jit (or grad/vmap) blocks are equal and "
+                             "static; splits must be None (call alltoall eagerly for uneven splits)")
+        return alltoall_p.bind(x, name=name, auto_name=auto, world_size=size)[0]
+    counts = [] if splits is None else validation.check_splits(splits, "alltoall")
+    (out,), received = eager.run_allocated(eager.KIND_ALLTOALL, name, [x], size, counts)
+    out = jax.device_put(out)  # aliases the runtime's buffer, no copy
+    if splits is None:
+        return out
+    return out, jnp.asarray(np.asarray(received, np.int32))

@@ -1,0 +1,42 @@
+"""reducescatter, alltoall, uneven allgather, object collectives and join on 2 and 3 ranks."""
+
+import pytest
+
+from conftest import run_mpi
+
+
+@pytest.mark.parametrize("scenario", ["reducescatter", "allgather", "alltoall", "objects", "threads",
+                                      "errors"])
+def test_vocabulary(nranks, scenario):
+    out = run_mpi("vocabulary.py", nranks, scenario, timeout=300).stdout
+    assert f"vocabulary {scenario}: OK on {nranks} ranks" in out
+
+
+@pytest.mark.parametrize("env", [{}, {"JAXCACHE_MAX_MPI_COUNT": "1000"},
+                                 {"JAXCACHE_STALL_SHUTDOWN_TIME": "60"}],
+                         ids=["default", "chunked", "watched"])
+def test_data_paths(nranks, env):
+    out = run_mpi("vocabulary.py", nranks, "data-paths", timeout=180, env=env).stdout
+    assert f"vocabulary data-paths: OK on {nranks} ranks" in out
+
+
+def test_transforms_grad_jvp_vmap(nranks):
+    out = run_mpi("vocabulary_transforms.py", nranks, timeout=240).stdout
+    assert f"vocabulary_transforms: OK on {nranks} ranks" in out
+
+
+@pytest.mark.parametrize("cache", ["on", "off"])
+def test_join_semantics(nranks, cache):
+    env = {"JAXCACHE_CACHE_CAPACITY": "0"} if cache == "off" else {}
+    out = run_mpi("join.py", nranks, "semantics", timeout=180, env=env).stdout
+    assert f"join semantics : OK on {nranks} ranks" in out
+
+
+@pytest.mark.parametrize("steps,cache", [("5,3", "on"), ("3,5", "on"), ("3,5", "off"),
+                                         ("6,4,5", "on"), ("3,6,4", "on"), ("3,6,4", "off")])
+def test_join_training_matches_single_process(steps, cache):
+    """1 (2 ranks) and 2 (3 ranks) ranks run out of data at different steps of a jitted loop."""
+    env = {"JAXCACHE_CACHE_CAPACITY": "0"} if cache == "off" else {}
+    n = len(steps.split(","))
+    out = run_mpi("join.py", n, "train", steps, timeout=180, env=env).stdout
+    assert f"join train {steps}: OK on {n} ranks" in out
