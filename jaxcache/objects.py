@@ -4,6 +4,9 @@ jaxcache.tensorflow: configurations, checkpoint paths, metrics.
 broadcast_object: two small broadcasts (the pickle's length, then its bytes).
 allgather_object: one allgather of every rank's pickle; the ranks' byte counts travel
 in the negotiation, so differently sized objects need no extra round.
+
+Objects are pickled with cloudpickle when it is installed (lambdas, local classes; Horovod
+does the same), else with pickle; either way plain pickle loads them.
 """
 
 from __future__ import annotations
@@ -17,6 +20,15 @@ from . import runtime as _runtime
 from ._ext import ext
 from .errors import raise_for_status
 from .ops import eager, naming, validation
+
+try:
+    import cloudpickle as _pickler
+except ImportError:  # pragma: no cover - depends on the environment
+    _pickler = pickle
+
+
+def _dumps(obj: Any) -> bytes:
+    return _pickler.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _name(name: str | None, kind: str, api: str) -> str:
@@ -37,7 +49,7 @@ def broadcast(obj: Any, root: int, name: str | None, api: str) -> Any:
     root = validation.check_root(root, _runtime.size(), api)
     base = _name(name, "broadcast_object", api)
     is_root = _runtime.rank() == root
-    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if is_root else b""
+    payload = _dumps(obj) if is_root else b""
     length = np.array([len(payload)], np.int64)
     _broadcast_bytes(f"{base}.len", length, root)
     buf = np.frombuffer(bytearray(payload), np.uint8) if is_root else np.empty(int(length[0]), np.uint8)
@@ -49,7 +61,7 @@ def allgather(obj: Any, name: str | None, api: str) -> list:
     """allgather_object for the API `api`."""
     _runtime.require_initialized(f"jaxcache.{api}")
     base = _name(name, "allgather_object", api)
-    payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    payload = np.frombuffer(_dumps(obj), np.uint8)
     (data,), rows = eager.run_allocated(eager.KIND_ALLGATHER, base, [payload], _runtime.size())
     out, offset = [], 0
     for n in rows:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from .. import objects
 from .. import runtime as _runtime
-from ..compat import objects, process_sets, unsupported
+from ..compat import process_sets, unsupported
 from ..compat.process_sets import global_process_set
 from ..ops import validation
 from . import ops
@@ -46,11 +47,10 @@ def _no_session(session, fn: str) -> None:
 
 
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
-    """`root_rank`'s picklable `obj` on every rank."""
+    """`root_rank`'s picklable `obj` on every rank (jaxcache.objects, shared by every bridge)."""
     _no_session(session, "broadcast_object")
     process_sets.check(process_set, "tensorflow.broadcast_object")
-    return objects.broadcast_object(obj, root_rank, name or "tf.broadcast_object",
-                                    "tensorflow.broadcast_object")
+    return objects.broadcast(obj, root_rank, name or "tf.broadcast_object", "tensorflow.broadcast_object")
 
 
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
@@ -61,7 +61,7 @@ def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global
     base = name or "tf.broadcast_object_fn"
 
     def _bcast(obj):
-        return objects.broadcast_object(obj, root_rank, base, "tensorflow.broadcast_object_fn")
+        return objects.broadcast(obj, root_rank, base, "tensorflow.broadcast_object_fn")
 
     return _bcast
 
@@ -70,7 +70,7 @@ def allgather_object(obj, session=None, name=None, process_set=global_process_se
     """Every rank's picklable `obj`, as a list in rank order (objects may differ in size)."""
     _no_session(session, "allgather_object")
     process_sets.check(process_set, "tensorflow.allgather_object")
-    return objects.allgather_object(obj, name or "tf.allgather_object", "tensorflow.allgather_object")
+    return objects.allgather(obj, name or "tf.allgather_object", "tensorflow.allgather_object")
 
 
 def broadcast_global_variables(root_rank):

@@ -9,7 +9,7 @@ import torch
 
 from .. import objects
 from .. import runtime as _runtime
-from ..compat import objects, process_sets
+from ..compat import process_sets
 from ..compat.process_sets import global_process_set
 from . import ops
 
@@ -27,13 +27,12 @@ def agree(tag: str, items: list[str], fn: str, what: str) -> None:
     on to submit collectives the others never match, which would hang).
     """
     mine = torch.tensor([len(items), _digest(items)], dtype=torch.int64)
-    gathered = ops.synchronize(ops.submit(ops.KIND_ALLGATHER, f"torch.agree/{tag}", [mine],
-                                          inplace=False)).view(-1, 2)
+    gathered = ops.synchronize(ops.allgather_submit([mine], f"torch.agree/{tag}", fn)).view(-1, 2)
     rows = {tuple(r) for r in gathered.tolist()}
     if len(rows) == 1:
         return
-    reference = objects.broadcast_object(items if _runtime.rank() == 0 else None, 0,
-                                         f"torch.agree/{tag}.items", f"torch.{fn}")
+    reference = objects.broadcast(items if _runtime.rank() == 0 else None, 0, f"torch.agree/{tag}.items",
+                                  f"torch.{fn}")
     missing = [x for x in reference if x not in set(items)]
     extra = [x for x in items if x not in set(reference)]
     differing = [r for r, row in enumerate(gathered.tolist()) if tuple(row) != tuple(gathered[0].tolist())]
@@ -51,15 +50,18 @@ def agree(tag: str, items: list[str], fn: str, what: str) -> None:
 
 def broadcast_object(obj=None, root_rank: int = 0, name: str | None = None,
                      process_set=global_process_set):
-    """`root_rank`'s picklable `obj` on every rank (its length, then its bytes)."""
+    """`root_rank`'s picklable `obj` on every rank (jaxcache.objects, shared by every bridge).
+
+    The default name is fixed, so ranks may call it from different lines (the root in one
+    branch, the others in another).
+    """
     process_sets.check(process_set, "torch.broadcast_object")
-    return objects.broadcast_object(obj, root_rank, name or "torch.broadcast_object",
-                                    "torch.broadcast_object")
+    return objects.broadcast(obj, root_rank, name or "torch.broadcast_object", "torch.broadcast_object")
 
 
 def allgather_object(obj, name: str | None = None) -> list:
     """Every rank's picklable `obj`, as a list in rank order (objects may differ in size)."""
-    return objects.allgather_object(obj, name or "torch.allgather_object", "torch.allgather_object")
+    return objects.allgather(obj, name or "torch.allgather_object", "torch.allgather_object")
 
 
 def _signature(t: torch.Tensor) -> str:
