@@ -10,6 +10,11 @@ as CUDA in the request's signature.
 Every request is asynchronous in the runtime: the `*_async` functions return a `Handle`
 at once; `synchronize(handle)` waits (without holding the GIL) and returns the result.
 Every handle must be synchronized: the bridge keeps the tensors alive until then.
+
+Allreduce, broadcast and reducescatter results go into tensors the bridge sizes; allgather
+and alltoall results are sized by the runtime from what the ranks agreed (a different
+first dimension per rank, per-rank splits) and become tensors over the runtime's buffers
+(no copy). The differentiable forms of the collectives are in collectives.py.
 """
 
 from __future__ import annotations
@@ -24,14 +29,15 @@ import torch
 from .. import devices as _devices
 from .. import runtime as _runtime
 from .._ext import ext
-from ..compat import pending, process_sets, reduce_ops
+from ..compat import process_sets, reduce_ops
 from ..compat.process_sets import global_process_set
-from ..errors import MismatchError, raise_for_status
+from ..errors import raise_for_status
 from ..ops import naming, validation
 from ..ops.eager import DTYPE_CODES as _NP_DTYPE_CODES
+from ..ops.eager import KIND_ALLGATHER, KIND_ALLREDUCE, KIND_ALLTOALL, KIND_BROADCAST, KIND_REDUCESCATTER
+from ..ops.reducescatter import scatter_rows
 from . import staging
 
-KIND_ALLREDUCE, KIND_BROADCAST, KIND_ALLGATHER = 0, 1, 2
 _DUPLICATE = 4  # xla_ext/common.h ErrorKind::kDuplicate
 
 # Codes of xla_ext/common.h DType, by torch dtype.
@@ -173,15 +179,21 @@ def _bump_version(t: torch.Tensor) -> None:
 
 
 class Handle:
-    """An in-flight request; pass it to `synchronize()` (or `poll()`)."""
+    """An in-flight request; pass it to `synchronize()` (or `poll()`).
 
-    __slots__ = ("name", "kind", "_native", "_inputs", "_outputs", "_results", "_targets",
+    After an allgather or alltoall has been synchronized, `rows` holds the first dimensions
+    the ranks agreed on (allgather: `rows[t * size + r]` for tensor t of rank r; alltoall:
+    the rows received from each rank).
+    """
+
+    __slots__ = ("name", "kind", "rows", "_native", "_inputs", "_outputs", "_results", "_targets",
                  "_copy_back", "_auto", "_single", "_bump", "_done", "_result", "__weakref__")
 
     def __init__(self, name: str, native, inputs: list, outputs: list, results: list, targets,
-                 copy_back, auto: bool, single: bool, bump: bool):
+                 copy_back, auto: bool, single: bool, bump: bool, kind: int = KIND_ALLREDUCE):
         self.name = name
-        self.kind = KIND_ALLREDUCE
+        self.kind = kind
+        self.rows: list[int] | None = None
         self._native = native
         self._inputs = inputs  # referenced until completion: the runtime reads/writes them
         self._outputs = outputs
@@ -201,7 +213,7 @@ class Handle:
     def wait(self):
         return synchronize(self)
 
-    def _finish(self):
+    def _finish(self, native):
         if self._copy_back:
             for dst, buf in self._copy_back:
                 if dst.is_cuda:
@@ -210,21 +222,44 @@ class Handle:
                     dst.copy_(buf)
         out = self._results
         if self._bump or self._copy_back is not None:
-            out = []
-            for r, t in zip(self._results, self._targets):
-                if r is t:
-                    if self._bump:
+            out = [r if r is t else _to_device_of(r, t) for r, t in zip(self._results, self._targets)]
+            if self._bump:
+                for r, t in zip(self._results, self._targets):
+                    if r is t:
                         _bump_version(t.detach())
-                elif t.is_cuda:
-                    r = staging.to_device(r, t.device)
-                elif not t.is_cpu:
-                    r = r.to(t.device)
-                out.append(r)
         return out[0] if self._single else out
 
     def __repr__(self) -> str:
         state = "synchronized" if self._done else ("complete" if self._native.poll() else "in flight")
         return f"<jaxcache.torch.Handle {self.name!r} {state}>"
+
+
+def _to_device_of(r: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Result `r` (host memory) on the device of the caller's tensor `t`."""
+    if t.is_cuda:
+        return staging.to_device(r, t.device)
+    return r if t.is_cpu else r.to(t.device)
+
+
+def _over_runtime_buffer(raw: np.ndarray, shape, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor over bytes the runtime allocated (no copy; the tensor keeps them alive)."""
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(raw.view(np.int16).reshape(shape)).view(torch.bfloat16)
+    return torch.from_numpy(raw.view(numpy_dtype(dtype)).reshape(shape))
+
+
+class _AllocatedHandle(Handle):
+    """An allgather or alltoall: its results live in buffers the runtime sized."""
+
+    __slots__ = ("_splits_dtype",)
+
+    def _finish(self, native):
+        self.rows = [int(n) for n in native.rows()]
+        results = [_to_device_of(_over_runtime_buffer(raw, shape, t.dtype), t)
+                   for (raw, shape), t in zip(native.results(), self._targets)]
+        if self.kind == KIND_ALLTOALL:  # Horovod: synchronize() returns (tensor, received splits)
+            return results[0], torch.tensor(self.rows, dtype=self._splits_dtype)
+        return results[0] if self._single else results
 
 
 def _release(handle: Handle) -> None:
@@ -234,34 +269,52 @@ def _release(handle: Handle) -> None:
             _auto_in_flight.discard(handle.name)
 
 
+def _started(handle: Handle) -> Handle:
+    """Registers a submitted handle; raises at once if the runtime refused a duplicate name."""
+    native = handle._native
+    if not handle._auto and native.poll():
+        status, message = native.wait()
+        if status == _DUPLICATE:
+            _release(handle)
+            raise_for_status(status, message)
+    with _lock:
+        _outstanding[id(handle)] = handle
+    return handle
+
+
+def _discard_auto(name: str, auto_name: bool) -> None:
+    if auto_name:
+        with _lock:
+            _auto_in_flight.discard(name)
+
+
+def _device_kind(tensors) -> int:
+    return _devices.CUDA if any(t.is_cuda for t in tensors) else _devices.CPU
+
+
 def submit(kind: int, name: str, tensors: Sequence[torch.Tensor], *, inplace: bool, op: int = 0,
            prescale: float = 1.0, postscale: float = 1.0, root: int = 0, auto_name: bool = False,
            single: bool = True, bump: bool = True) -> Handle:
-    """Submits one atomic request over already validated tensors.
+    """Submits one atomic allreduce, broadcast or reducescatter over already validated tensors.
 
-    inplace: results land in the given tensors (allreduce/broadcast); otherwise new tensors.
+    inplace: results land in the given tensors (allreduce/broadcast); otherwise new tensors
+    (a reducescatter's hold this rank's rows: `shape[0] // size`, one more for the first
+    `shape[0] % size` ranks).
     single: synchronize() returns the one result instead of a list.
     bump: after an in-place result, bump the tensors' autograd version counters.
     """
-    size = _runtime.size() if kind == KIND_ALLGATHER else 1
     inputs, outputs, codes, results = [], [], [], []
     copy_back = None  # None: every tensor is a contiguous CPU tensor used as is
-    device = _devices.CPU
     try:
+        if kind == KIND_REDUCESCATTER:
+            size, rank = _runtime.size(), _runtime.rank()
         for t in tensors:
             src = t.detach() if t.requires_grad else t
-            if src.is_cuda:
-                device = _devices.CUDA
             codes.append(_DTYPE_CODES[src.dtype])
             direct = _zero_copy_ok(src)
             if not direct and copy_back is None:
                 copy_back = []
-            if kind == KIND_ALLGATHER:
-                inp = _export(src if direct else _staged(src))
-                shape = (size,) if src.dim() == 0 else (size * src.shape[0], *src.shape[1:])
-                r = _result_buffer(shape, src)
-                out = _export(r)
-            elif inplace:
+            if inplace:
                 if direct:
                     inp = out = _export(src)
                 else:
@@ -271,29 +324,45 @@ def submit(kind: int, name: str, tensors: Sequence[torch.Tensor], *, inplace: bo
                 r = t
             else:
                 inp = _export(src if direct else _staged(src))
-                r = _result_buffer(src.shape, src)
+                shape = src.shape
+                if kind == KIND_REDUCESCATTER:
+                    shape = (scatter_rows(src.shape[0], size, rank), *src.shape[1:])
+                r = _result_buffer(shape, src)
                 out = _export(r)
             inputs.append(inp)
             outputs.append(out)
             results.append(r)
         native = ext.submit(kind, name, inputs, outputs, op, prescale, postscale, root, codes,
-                            refuse_if_in_flight=not auto_name, device=device)
-        if not auto_name and native.poll():
-            # A refused duplicate completed at once: raise before anything else happens.
-            status, message = native.wait()
-            if status == _DUPLICATE:
-                raise_for_status(status, message)
+                            refuse_if_in_flight=not auto_name, device=_device_kind(tensors))
     except BaseException:
-        if auto_name:
-            with _lock:
-                _auto_in_flight.discard(name)
+        _discard_auto(name, auto_name)
         raise
-    handle = Handle(name, native, inputs, outputs, results, tensors, copy_back, auto_name, single,
-                    bump and inplace)
-    handle.kind = kind
-    with _lock:
-        _outstanding[id(handle)] = handle
-    return handle
+    return _started(Handle(name, native, inputs, outputs, results, tensors, copy_back, auto_name,
+                           single, bump and inplace, kind))
+
+
+def submit_allocated(kind: int, name: str, tensors: Sequence[torch.Tensor], *, splits=None,
+                     splits_dtype: torch.dtype = torch.int32, auto_name: bool = False,
+                     single: bool = True) -> Handle:
+    """Submits one atomic allgather or alltoall whose results the runtime sizes.
+
+    splits (alltoall): rows sent to each rank, or None for equal blocks.
+    """
+    try:
+        inputs, codes = [], []
+        for t in tensors:
+            src = t.detach() if t.requires_grad else t
+            inputs.append(_export(src if _zero_copy_ok(src) else _staged(src)))
+            codes.append(_DTYPE_CODES[src.dtype])
+        native = ext.submit_allocated(kind, name, inputs, list(splits or []), codes,
+                                      refuse_if_in_flight=not auto_name, device=_device_kind(tensors))
+    except BaseException:
+        _discard_auto(name, auto_name)
+        raise
+    handle = _AllocatedHandle(name, native, inputs, [], [], tensors, None, auto_name, single, False,
+                              kind)
+    handle._splits_dtype = splits_dtype
+    return _started(handle)
 
 
 def synchronize(handle):
@@ -307,18 +376,14 @@ def synchronize(handle):
         raise TypeError(f"jaxcache.torch.synchronize: expected a Handle, got {type(handle).__name__}")
     if handle._done:
         return handle._result
-    status, message = handle._native.wait()
+    native = handle._native
+    status, message = native.wait()
     handle._done = True
     handle._native = None
     _release(handle)
     try:
-        try:
-            raise_for_status(status, message)
-        except MismatchError as e:
-            if handle.kind == KIND_ALLGATHER and pending.is_uneven_first_dim(str(e)):
-                pending.uneven_allgather("jaxcache.torch.allgather", e)
-            raise
-        handle._result = handle._finish()
+        raise_for_status(status, message)
+        handle._result = handle._finish(native)
     finally:
         handle._inputs = handle._outputs = handle._copy_back = handle._targets = handle._results = None
     return handle._result
@@ -341,7 +406,7 @@ def _drop_completed_at_exit() -> None:
         for key, h in list(_outstanding.items()):
             if h._native is None or h._native.poll():
                 del _outstanding[key]
-                h._native = h._inputs = h._outputs = h._finish = None
+                h._native = h._inputs = h._outputs = h._targets = h._results = None
 
 
 atexit.register(_drop_completed_at_exit)
@@ -353,17 +418,23 @@ def outstanding() -> int:
         return len(_outstanding)
 
 
-
 # ---------------------------------------------------------------------------------------------
-# Public collectives (Horovod's signatures; jaxcache's op strings and prescale/postscale spellings
-# remain valid). The differentiable allreduce/allgather/broadcast are in collectives.py.
+# Validated submission, shared by the public functions below and the differentiable ones in
+# collectives.py (which submit here, in the caller's frame, and wait inside autograd).
 
 
 def _name_or_auto(name, kind: str, fn: str) -> tuple[str, bool]:
+    """(collective name, automatic) for the user's `name` (None: derived from the call site)."""
     check_name(name, fn)
     if name is None:
         return _auto_name(kind), True
     return name, False
+
+
+def _what(name, single: bool, i: int) -> str:
+    if single:
+        return f"tensor {name!r}" if name else "tensor"
+    return f"tensors[{i}]" + (f" of {name!r}" if name else "")
 
 
 def reduce_spec(fn: str, op, average, prescale_factor, postscale_factor, prescale, postscale,
@@ -379,18 +450,80 @@ def allreduce_submit(tensors, op: str, name, prescale, postscale, fn: str, inpla
                      single: bool) -> Handle:
     """Validates and submits one allreduce request (op is a jaxcache op string)."""
     _runtime.require_initialized(f"jaxcache.torch.{fn}")
-    many = not single
     for i, t in enumerate(tensors):
-        if many:
-            what = f"tensors[{i}]" + (f" of {name!r}" if name else "")
-        else:
-            what = f"tensor {name!r}" if name else "tensor"
+        what = _what(name, single, i)
         check_tensor(t, fn, what)
         check_reduction(t, op, prescale, postscale, fn, what)
     code, pre, post = reduce_args(op, prescale, postscale)
-    name, auto = _name_or_auto(name, "grouped_allreduce" if many else "allreduce", fn)
+    name, auto = _name_or_auto(name, "allreduce" if single else "grouped_allreduce", fn)
     return submit(KIND_ALLREDUCE, name, tensors, inplace=inplace, op=code, prescale=pre,
                   postscale=post, auto_name=auto, single=single)
+
+
+def reducescatter_submit(tensors, op: str, name, prescale, postscale, fn: str, single: bool) -> Handle:
+    """Validates and submits one reducescatter request (op is a jaxcache op string)."""
+    _runtime.require_initialized(f"jaxcache.torch.{fn}")
+    for i, t in enumerate(tensors):
+        what = _what(name, single, i)
+        check_tensor(t, fn, what)
+        check_reduction(t, op, prescale, postscale, fn, what)
+        validation.check_first_dim(t, f"torch.{fn}", what)
+    code, pre, post = reduce_args(op, prescale, postscale)
+    name, auto = _name_or_auto(name, "reducescatter" if single else "grouped_reducescatter", fn)
+    return submit(KIND_REDUCESCATTER, name, tensors, inplace=False, op=code, prescale=pre,
+                  postscale=post, auto_name=auto, single=single)
+
+
+def broadcast_submit(tensors, root_rank, name, fn: str, inplace: bool, single: bool = True) -> Handle:
+    _runtime.require_initialized(f"jaxcache.torch.{fn}")
+    for i, t in enumerate(tensors):
+        check_tensor(t, fn, _what(name, single, i))
+    root = check_root(root_rank, fn)
+    name, auto = _name_or_auto(name, "broadcast", fn)
+    return submit(KIND_BROADCAST, name, tensors, inplace=inplace, root=root, auto_name=auto,
+                  single=single)
+
+
+def allgather_submit(tensors, name, fn: str, single: bool = True) -> Handle:
+    """Validates and submits one allgather request (first dimensions may differ per rank)."""
+    _runtime.require_initialized(f"jaxcache.torch.{fn}")
+    for i, t in enumerate(tensors):
+        check_tensor(t, fn, _what(name, single, i))
+    name, auto = _name_or_auto(name, "allgather" if single else "grouped_allgather", fn)
+    return submit_allocated(KIND_ALLGATHER, name, tensors, auto_name=auto, single=single)
+
+
+def alltoall_submit(tensor, splits, name, fn: str) -> Handle:
+    """Validates and submits one alltoall; synchronize() returns (tensor, received splits)."""
+    _runtime.require_initialized(f"jaxcache.torch.{fn}")
+    what = _what(name, True, 0)
+    check_tensor(tensor, fn, what)
+    validation.check_first_dim(tensor, f"torch.{fn}", what)
+    splits_dtype = torch.int32
+    if isinstance(splits, torch.Tensor):
+        if splits.dim() != 1 or splits.dtype.is_floating_point or splits.dtype.is_complex \
+                or splits.dtype == torch.bool:
+            raise TypeError(f"jaxcache.torch.{fn}: splits must be a 1-D integer tensor, got "
+                            f"{splits.dtype}{list(splits.shape)}")
+        splits_dtype = splits.dtype  # Horovod: the received splits have the splits' dtype
+        splits = splits.tolist()
+    counts = None if splits is None else validation.check_splits(splits, f"torch.{fn}")
+    name, auto = _name_or_auto(name, "alltoall", fn)
+    return submit_allocated(KIND_ALLTOALL, name, [tensor], splits=counts, splits_dtype=splits_dtype,
+                            auto_name=auto)
+
+
+def as_list(tensors, fn: str) -> list:
+    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"jaxcache.torch.{fn}: tensors must be a list or tuple of tensors, got "
+                        f"{type(tensors).__name__}")
+    return list(tensors)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public non-differentiable collectives: asynchronous and in-place forms (Horovod's signatures;
+# jaxcache's op strings and prescale/postscale spellings remain valid). An 'average' divides
+# by the ranks that contribute: every rank, or those that have not joined.
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -426,13 +559,6 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
     return synchronize(allreduce_submit([tensor], op, name, pre, post, "allreduce_", True, True))
 
 
-def as_list(tensors, fn: str) -> list:
-    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
-        raise TypeError(f"jaxcache.torch.{fn}: tensors must be a list or tuple of tensors, got "
-                        f"{type(tensors).__name__}")
-    return list(tensors)
-
-
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set, *, prescale=None,
                             postscale=None) -> Handle:
@@ -462,15 +588,24 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
                                                 postscale=postscale))
 
 
-def broadcast_submit(tensors, root_rank, name, fn: str, inplace: bool, single: bool = True) -> Handle:
-    _runtime.require_initialized(f"jaxcache.torch.{fn}")
-    for i, t in enumerate(tensors):
-        what = (f"tensor {name!r}" if name else "tensor") if single else f"tensors[{i}]"
-        check_tensor(t, fn, what)
-    root = check_root(root_rank, fn)
-    name, auto = _name_or_auto(name, "broadcast", fn)
-    return submit(KIND_BROADCAST, name, tensors, inplace=inplace, root=root, auto_name=auto,
-                  single=single)
+def reducescatter_async(tensor, name=None, op=reduce_ops.Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0, *, prescale=None,
+                        postscale=None) -> Handle:
+    """Starts a reducescatter: the reduction over all ranks, of which this rank keeps its rows
+    of dim 0 (`shape[0] // size`, one more for the first `shape[0] % size` ranks)."""
+    op, pre, post = reduce_spec("reducescatter_async", op, None, prescale_factor, postscale_factor,
+                                prescale, postscale, process_set)
+    return reducescatter_submit([tensor], op, name, pre, post, "reducescatter_async", True)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=reduce_ops.Average,
+                                process_set=global_process_set, prescale_factor=1.0,
+                                postscale_factor=1.0, *, prescale=None, postscale=None) -> Handle:
+    """One atomic reducescatter of every tensor of the list; synchronize() returns a list."""
+    tensors = as_list(tensors, "grouped_reducescatter_async")
+    op, pre, post = reduce_spec("grouped_reducescatter_async", op, None, prescale_factor,
+                                postscale_factor, prescale, postscale, process_set)
+    return reducescatter_submit(tensors, op, name, pre, post, "grouped_reducescatter_async", False)
 
 
 def broadcast_async(tensor, root_rank=0, name=None, process_set=global_process_set) -> Handle:
@@ -491,17 +626,9 @@ def broadcast_(tensor, root_rank=0, name=None, process_set=global_process_set) -
     return synchronize(broadcast_submit([tensor], root_rank, name, "broadcast_", True))
 
 
-def allgather_submit(tensors, name, fn: str, single: bool = True) -> Handle:
-    _runtime.require_initialized(f"jaxcache.torch.{fn}")
-    for i, t in enumerate(tensors):
-        what = (f"tensor {name!r}" if name else "tensor") if single else f"tensors[{i}]"
-        check_tensor(t, fn, what)
-    name, auto = _name_or_auto(name, "allgather", fn)
-    return submit(KIND_ALLGATHER, name, tensors, inplace=False, auto_name=auto, single=single)
-
-
 def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
-    """Starts an allgather: every rank's `tensor` concatenated along dim 0, in rank order."""
+    """Starts an allgather: every rank's `tensor` concatenated along dim 0, in rank order.
+    The first dimension may differ between ranks; the others must agree."""
     process_sets.check(process_set, "torch.allgather_async")
     return allgather_submit([tensor], name, "allgather_async")
 
@@ -513,42 +640,31 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set) 
     return allgather_submit(tensors, name, "grouped_allgather_async", single=False)
 
 
-# --- pending names (runtime support arrives with issue 13); same signatures as Horovod --------
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
+    """Starts an alltoall: `splits[j]` rows of dim 0 go to rank j (default: equal blocks).
 
-
-def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
-    """Horovod's alltoall_async (pending: issue 13)."""
+    synchronize() returns `(tensor, received_splits)` (Horovod's convention): the rows
+    received, concatenated in rank order, and how many came from each rank (int32, or the
+    dtype of a `splits` tensor).
+    """
     process_sets.check(process_set, "torch.alltoall_async")
-    check_tensor(tensor, "alltoall_async", "tensor")
-    check_name(name, "alltoall_async")
-    pending.alltoall("jaxcache.torch.alltoall_async")
-
-
-def reducescatter_async(tensor, name=None, op=reduce_ops.Average, process_set=global_process_set,
-                        prescale_factor=1.0, postscale_factor=1.0):
-    """Horovod's reducescatter_async (pending: issue 13)."""
-    op, pre, post = reduce_spec("reducescatter_async", op, None, prescale_factor, postscale_factor,
-                                None, None, process_set)
-    check_tensor(tensor, "reducescatter_async", "tensor")
-    check_reduction(tensor, op, pre, post, "reducescatter_async", "tensor")
-    pending.reducescatter("jaxcache.torch.reducescatter_async")
-
-
-def grouped_reducescatter_async(tensors, name=None, op=reduce_ops.Average,
-                                process_set=global_process_set, prescale_factor=1.0,
-                                postscale_factor=1.0):
-    """Horovod's grouped_reducescatter_async (pending: issue 13)."""
-    op, pre, post = reduce_spec("grouped_reducescatter_async", op, None, prescale_factor,
-                                postscale_factor, None, None, process_set)
-    for i, t in enumerate(as_list(tensors, "grouped_reducescatter_async")):
-        check_tensor(t, "grouped_reducescatter_async", f"tensors[{i}]")
-    pending.reducescatter("jaxcache.torch.grouped_reducescatter_async")
+    return alltoall_submit(tensor, splits, name, "alltoall_async")
 
 
 def join(device=-1) -> int:
-    """Horovod's join (pending: issue 13): this rank has no more data."""
+    """This rank has no more data: it serves the other ranks' collectives until every rank has
+    joined, and returns the rank that joined last (on every rank).
+
+    Meanwhile it contributes zeros to sums (the identity to min/max/prod) and no rows to
+    allgathers, and an 'average' divides by the ranks that have not joined. Synchronize this
+    rank's handles first. `device` (Horovod's device for its zero tensors) is accepted and
+    not needed: the runtime contributes on the host.
+    """
+    if isinstance(device, bool) or not isinstance(device, (int, np.integer, torch.device)):
+        raise TypeError(f"jaxcache.torch.join: device must be an int (Horovod's device id, -1 for "
+                        f"CPU), got {device!r}")
     _runtime.require_initialized("jaxcache.torch.join")
-    return pending.join("jaxcache.torch.join")
+    return _runtime.join()
 
 
 def barrier(process_set=global_process_set) -> None:

@@ -1,7 +1,7 @@
 """Sparse (COO) gradients: an allgather of every rank's indices and values, as Horovod does.
 
-Ranks may hold different numbers of non-zeros: the counts are gathered first, then indices
-and values padded to the largest count travel as one atomic allgather.
+Ranks may hold different numbers of non-zeros: indices and values travel as one atomic
+allgather whose first dimension differs per rank.
 """
 
 from __future__ import annotations
@@ -31,25 +31,15 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     ops.check_name(name, "sparse_allreduce_async")
     indices = tensor._indices().t().contiguous()  # [nnz, sparse_dims]
     values = tensor._values().contiguous()  # [nnz, *dense_dims]
-    nnz = indices.shape[0]
-    # The counts travel under `name` itself: a rank that submits a dense allreduce of that name
+    # One request under `name` itself: a rank that submits a dense allreduce of that name
     # instead (a gradient missing there) meets a MismatchError on every rank, not a hang.
-    counts_handle = ops.allgather_submit([torch.tensor([nnz], dtype=torch.int64)], name,
-                                         "sparse_allreduce_async")
+    handle = ops.allgather_submit([indices, values], name, "sparse_allreduce_async", single=False)
     shape, size = tensor.shape, _runtime.size()
 
     def result() -> torch.Tensor:
-        counts = ops.synchronize(counts_handle).tolist()
-        most = max(counts)
-        pad_idx = torch.zeros((most, indices.shape[1]), dtype=indices.dtype)
-        pad_val = torch.zeros((most, *values.shape[1:]), dtype=values.dtype)
-        pad_idx[:nnz], pad_val[:nnz] = indices, values
-        all_idx, all_val = ops.synchronize(ops.allgather_submit(
-            [pad_idx, pad_val], f"{name}.entries", "sparse_allreduce_async", single=False))
-        keep = torch.cat([torch.arange(r * most, r * most + n) for r, n in enumerate(counts)])
-        vals = all_val[keep]
+        all_idx, all_val = ops.synchronize(handle)
         if op == "average":
-            vals = vals / size
-        return torch.sparse_coo_tensor(all_idx[keep].t(), vals, shape)
+            all_val = all_val / size
+        return torch.sparse_coo_tensor(all_idx.t(), all_val, shape)
 
     return result

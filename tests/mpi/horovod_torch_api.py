@@ -1,10 +1,13 @@
 """`import jaxcache.torch as hvd` with Horovod 0.28.1's API: every name marked "same" in
-docs/horovod.md, against NumPy on every rank; gradients checked by finite differences."""
+docs/horovod.md, against NumPy on every rank; gradients checked by finite differences;
+reducescatter, alltoall, uneven allgather and join with Horovod's signatures and return
+conventions."""
 
 from __future__ import annotations
 
 import re
 import warnings
+import zlib
 
 import numpy as np
 import torch
@@ -73,10 +76,12 @@ def ref(xs, op: str, pre=1.0, post=1.0) -> np.ndarray:
     return out * post
 
 
-def check(t, expected, dtype, what, tol=1e-12):
+def check(t, expected, dtype, what, tol=1e-12, same=True):
+    """`t` against NumPy; same=True: also bitwise identical on every rank (not for reducescatter)."""
     assert isinstance(t, torch.Tensor) and t.dtype == dtype, f"{what}: {type(t)} {getattr(t, 'dtype', '')}"
     assert tuple(t.shape) == tuple(np.shape(expected)), f"{what}: shape {tuple(t.shape)} != {np.shape(expected)}"
-    same_on_all_ranks(t.float().numpy() if dtype == torch.bfloat16 else t.numpy(), what)
+    if same:
+        same_on_all_ranks(t.float().numpy() if dtype == torch.bfloat16 else t.numpy(), what)
     np.testing.assert_allclose(t.double().numpy(), expected, rtol=tol, atol=tol, err_msg=what)
 
 
@@ -178,6 +183,77 @@ for root in range(SIZE):
     assert torch.equal(t, xs[root])
     assert torch.equal(xs[RANK], inputs(90 + root, (2, 2))[RANK]), "out-of-place broadcast changed its input"
 
+
+# --- reducescatter, alltoall, uneven allgather (Horovod's signatures and return conventions) --------
+def rows_of(n: int, r: int) -> int:
+    return n // SIZE + (1 if r < n % SIZE else 0)
+
+
+def my_rows(full: np.ndarray) -> np.ndarray:
+    start = sum(rows_of(full.shape[0], q) for q in range(RANK))
+    return full[start:start + rows_of(full.shape[0], RANK)]
+
+
+seed = 100
+for op, key in ((hvd.Average, "avg"), (hvd.Sum, "sum"), (hvd.Min, "min"), (hvd.Max, "max"),
+                (hvd.Product, "prod")):
+    for rows in (2 * SIZE, 2 * SIZE + 1, SIZE - 1):
+        for dtype in (torch.float64, torch.int32):
+            if op == hvd.Average and dtype == torch.int32:
+                continue
+            seed += 1
+            xs = inputs(seed, (rows, 3), dtype)
+            check(hvd.reducescatter(xs[RANK], op=op), my_rows(ref(xs, key)), dtype,
+                  f"reducescatter {op.name} {dtype} rows {rows}", same=False)
+xs = inputs(130, (2 * SIZE + 1, 2))
+check(hvd.reducescatter(xs[RANK]), my_rows(ref(xs, "avg")), torch.float64, "reducescatter default Average", same=False)
+check(hvd.reducescatter(xs[RANK], op="sum", prescale=2.0, postscale=0.5), my_rows(ref(xs, "sum", 2.0, 0.5)),
+      torch.float64, "reducescatter jaxcache spellings", same=False)
+h = hvd.reducescatter_async(xs[RANK], name="hvd.rs.async", op=hvd.Sum, prescale_factor=0.5,
+                            postscale_factor=3.0)
+check(hvd.synchronize(h), my_rows(ref(xs, "sum", 0.5, 3.0)), torch.float64, "reducescatter_async scaled", same=False)
+gs = [inputs(131 + i, (SIZE + i, 2), d) for i, d in enumerate((torch.float64, torch.float32))]
+outs = hvd.grouped_reducescatter([g[RANK] for g in gs], op=hvd.Sum)
+assert isinstance(outs, list) and len(outs) == 2
+for i, o in enumerate(outs):
+    check(o, my_rows(ref(gs[i], "sum")), gs[i][0].dtype, f"grouped_reducescatter[{i}]", 1e-5, False)
+outs = hvd.synchronize(hvd.grouped_reducescatter_async([g[RANK] for g in gs], postscale_factor=2.0))
+for i, o in enumerate(outs):
+    check(o, my_rows(ref(gs[i], "avg", 1.0, 2.0)), gs[i][0].dtype, f"grouped_reducescatter_async[{i}]", 1e-5, False)
+xs32 = inputs(133, (4 * SIZE, 8), torch.float32)
+out = hvd.reducescatter(xs32[RANK], op=hvd.Sum, compression=hvd.Compression.fp16)
+assert out.dtype == torch.float32
+np.testing.assert_allclose(out.numpy(), my_rows(ref(xs32, "sum")), rtol=3e-3, atol=3e-2)
+
+# alltoall: without splits only the tensor; with splits (list or tensor) also the received splits;
+# synchronize() of alltoall_async returns both (Horovod's convention)
+xs = inputs(140, (2 * SIZE, 3))
+out = hvd.alltoall(xs[RANK])
+assert isinstance(out, torch.Tensor)
+assert torch.equal(out, torch.cat([x[2 * RANK:2 * RANK + 2] for x in xs])), "alltoall equal blocks"
+splits = [[(q + 2 * d) % 3 for d in range(SIZE)] for q in range(SIZE)]
+xs = [inputs(141, (sum(splits[q]), 2))[q] for q in range(SIZE)]
+expect = torch.cat([torch.split(xs[q], splits[q])[RANK] for q in range(SIZE)])
+out, received = hvd.alltoall(xs[RANK], splits=splits[RANK])
+assert torch.equal(out, expect) and received.dtype == torch.int32
+assert received.tolist() == [splits[q][RANK] for q in range(SIZE)], received
+out, received = hvd.alltoall(xs[RANK], torch.tensor(splits[RANK], dtype=torch.int64), name="hvd.a2a.t")
+assert torch.equal(out, expect) and received.dtype == torch.int64
+out, received = hvd.synchronize(hvd.alltoall_async(xs[RANK], splits=splits[RANK]))
+assert torch.equal(out, expect) and received.tolist() == [splits[q][RANK] for q in range(SIZE)]
+out, received = hvd.synchronize(hvd.alltoall_async(torch.arange(SIZE) + 10 * RANK))
+assert out.tolist() == [RANK + 10 * q for q in range(SIZE)] and received.tolist() == [1] * SIZE
+
+# allgather with a different first dimension per rank (sync, async, grouped)
+parts = [inputs(150, (r + 1, 2))[r] for r in range(SIZE)]
+assert torch.equal(hvd.allgather(parts[RANK]), torch.cat(parts)), "uneven allgather"
+assert torch.equal(hvd.synchronize(hvd.allgather_async(parts[RANK])), torch.cat(parts))
+other = [torch.full((SIZE - r, 3), r, dtype=torch.int64) for r in range(SIZE)]
+ga, gb = hvd.grouped_allgather([parts[RANK], other[RANK]])
+assert torch.equal(ga, torch.cat(parts)) and torch.equal(gb, torch.cat(other))
+ga, gb = hvd.synchronize(hvd.grouped_allgather_async([parts[RANK], other[RANK]]))
+assert torch.equal(ga, torch.cat(parts)) and torch.equal(gb, torch.cat(other))
+
 # --- objects --------------------------------------------------------------------------------------
 objs = hvd.allgather_object({"rank": RANK, "payload": "x" * (10 * RANK)})
 assert objs == [{"rank": r, "payload": "x" * (10 * r)} for r in range(SIZE)]
@@ -213,10 +289,13 @@ def global_objective(fn, x_mine: torch.Tensor, weights: torch.Tensor) -> float:
     return COMM.allreduce(local)
 
 
-def gradcheck(label: str, fn, shape, mean: bool) -> None:
-    """autograd gradient of Horovod's objective (sum of the ranks' losses, or their mean for
-    mean=True) against central differences where every rank perturbs in lockstep."""
-    x0 = inputs(hash(label) % 1000, shape)[RANK]
+def gradcheck(label: str, fn, shape, scale: float) -> None:
+    """autograd gradient against central differences of the sum of the ranks' losses, where
+    every rank perturbs in lockstep; `scale` is Horovod's convention for the op (1: the sum of
+    the losses, 1/size: their mean, size: size times their sum). `shape` may depend on the rank."""
+    shape_of = shape if callable(shape) else (lambda r: shape)
+    seed = zlib.crc32(label.encode()) % 1000
+    x0 = inputs(seed, shape_of(RANK))[RANK]
     weights = [torch.linspace(-1, 1, 64, dtype=torch.float64) * (RANK + 1) + k for k in range(3)]
     x = x0.clone().requires_grad_(True)
     y = fn(x)
@@ -224,31 +303,49 @@ def gradcheck(label: str, fn, shape, mean: bool) -> None:
     loss = sum((torch.sin(t) * w[: t.numel()].view_as(t)).sum() for t, w in zip(ys, weights))
     loss.backward()
     analytic = COMM.allgather(x.grad.numpy().ravel())
-    eps, scale = 1e-6, (1.0 / SIZE if mean else 1.0)
+    eps = 1e-6
     for q in range(SIZE):
-        numeric = np.zeros(x0.numel())
-        for i in range(x0.numel()):
+        numeric = np.zeros(int(np.prod(shape_of(q))))
+        for i in range(numeric.size):
             vals = []
             for sign in (1, -1):
                 xp = x0.clone().view(-1)
                 if RANK == q:
                     xp[i] += sign * eps
                 with torch.no_grad():
-                    vals.append(global_objective(fn, xp.view(shape), weights))
+                    vals.append(global_objective(fn, xp.view(x0.shape), weights))
             numeric[i] = scale * (vals[0] - vals[1]) / (2 * eps)
         np.testing.assert_allclose(analytic[q], numeric, rtol=1e-6, atol=1e-7,
                                    err_msg=f"gradient of {label} on rank {q}")
 
 
-gradcheck("allreduce Average", lambda x: hvd.allreduce(x, op=hvd.Average, name="g.ar"), (3,), False)
+gradcheck("allreduce Average", lambda x: hvd.allreduce(x, op=hvd.Average, name="g.ar"), (3,), 1.0)
 gradcheck("allreduce Sum scaled", lambda x: hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5,
-                                                          postscale_factor=3.0, name="g.sum"), (2, 2), False)
+                                                          postscale_factor=3.0, name="g.sum"), (2, 2), 1.0)
 gradcheck("grouped_allreduce", lambda x: hvd.grouped_allreduce([x, x * x], op=hvd.Sum, name="g.gar"),
-          (3,), False)
-gradcheck("allgather", lambda x: hvd.allgather(x, name="g.ag"), (2, 2), True)
-gradcheck("grouped_allgather", lambda x: hvd.grouped_allgather([x, 2 * x], name="g.gag"), (2,), True)
+          (3,), 1.0)
+# allgather and broadcast: Horovod averages the gradients (the gradient of the mean of the losses)
+gradcheck("allgather", lambda x: hvd.allgather(x, name="g.ag"), (2, 2), 1.0 / SIZE)
+gradcheck("allgather uneven", lambda x: hvd.allgather(x, name="g.agu"), lambda r: (r + 1, 2), 1.0 / SIZE)
+gradcheck("allgather unnamed", lambda x: hvd.allgather(x * 2), lambda r: (SIZE - r,), 1.0 / SIZE)
+gradcheck("grouped_allgather", lambda x: hvd.grouped_allgather([x, 2 * x], name="g.gag"), (2,), 1.0 / SIZE)
+gradcheck("grouped_allgather uneven", lambda x: hvd.grouped_allgather([x, x[:1] * 3], name="g.gagu"),
+          lambda r: (r + 1,), 1.0 / SIZE)
 for root in range(SIZE):
-    gradcheck(f"broadcast root {root}", lambda x: hvd.broadcast(x, root, name=f"g.bc{root}"), (3,), True)
+    gradcheck(f"broadcast root {root}", lambda x: hvd.broadcast(x, root, name=f"g.bc{root}"), (3,), 1.0 / SIZE)
+# reducescatter: Horovod's gradient is size times that of the sum of the losses, for every op
+gradcheck("reducescatter Sum", lambda x: hvd.reducescatter(x, op=hvd.Sum, name="g.rs"), (2 * SIZE, 2), SIZE)
+gradcheck("reducescatter Average uneven scaled",
+          lambda x: hvd.reducescatter(x, name="g.rsa", prescale_factor=0.5, postscale_factor=3.0),
+          (2 * SIZE + 1,), SIZE)
+gradcheck("reducescatter unnamed", lambda x: hvd.reducescatter(x, op=hvd.Sum), (SIZE + 1, 2), SIZE)
+gradcheck("grouped_reducescatter", lambda x: hvd.grouped_reducescatter([x, x * x], op=hvd.Sum, name="g.grs"),
+          (SIZE + 1,), SIZE)
+# alltoall: the gradient goes back where the rows came from (the sum of the losses)
+gradcheck("alltoall", lambda x: hvd.alltoall(x, name="g.a2a"), (SIZE, 2), 1.0)
+split_table = [[(q + d) % 3 for d in range(SIZE)] for q in range(SIZE)]
+gradcheck("alltoall splits", lambda x: hvd.alltoall(x, splits=split_table[RANK], name="g.a2as")[0],
+          lambda r: (sum(split_table[r]), 2), 1.0)
 
 # --- SyncBatchNorm against BatchNorm on the whole (uneven) global batch ---------------------------
 torch.manual_seed(0)
@@ -281,15 +378,10 @@ raises(ValueError, r"expected at least 2D input", sbn, torch.ones(3))
 # --- pending and unsupported names raise and say so, on every rank --------------------------------
 x = torch.ones(2 * SIZE)
 for fn, args, kw, pattern in [
-    (hvd.alltoall, (x,), {}, r"alltoall arrives with issue 13"),
-    (hvd.alltoall_async, (x,), {"splits": [2] * SIZE}, r"issue 13"),
-    (hvd.reducescatter, (x,), {"op": hvd.Sum}, r"reducescatter.* arrives with issue 13"),
-    (hvd.reducescatter_async, (x,), {}, r"issue 13"),
-    (hvd.grouped_reducescatter, ([x],), {}, r"issue 13"),
-    (hvd.grouped_reducescatter_async, ([x],), {}, r"issue 13"),
-    (hvd.join, (), {}, r"join .* arrives with issue 13"),
     (hvd.add_process_set, ([0],), {}, r"process sets .* arrives with issue 14"),
     (hvd.allreduce, (x,), {"process_set": hvd.ProcessSet([0])}, r"issue 14"),
+    (hvd.reducescatter, (x,), {"process_set": hvd.ProcessSet([0])}, r"issue 14"),
+    (hvd.alltoall_async, (x,), {"process_set": hvd.ProcessSet([0])}, r"issue 14"),
     (hvd.DistributedOptimizer, (torch.optim.SGD(lin.parameters(), lr=0.1),),
      {"process_set": hvd.ProcessSet(list(range(SIZE)))}, r"issue 14"),
     (hvd.init, (), {"process_sets": [hvd.ProcessSet([0])]}, r"issue 14"),
@@ -298,21 +390,33 @@ for fn, args, kw, pattern in [
     (hvd.elastic.run, (lambda: None,), {}, r"elastic.run is not supported by jaxcache: elastic"),
     (hvd.elastic.TorchState, (), {}, r"not supported"),
     (hvd.elastic.ElasticSampler, ([1, 2],), {}, r"not supported"),
+    (hvd.reducescatter, (x,), {"op": hvd.Adasum}, r"Adasum"),
 ]:
     raises(NotImplementedError, pattern, fn, *args, **kw)
-import jaxcache  # noqa: E402
-
-if getattr(jaxcache, "barrier", None) is None:
-    raises(NotImplementedError, r"barrier .* arrives with issue 11", hvd.barrier)
-else:
-    hvd.barrier()
-if SIZE > 1:
-    e = raises(NotImplementedError, r"different first dimension per rank .* issue 13", hvd.allgather,
-               torch.ones(RANK + 1, 2), name="uneven")
-    assert isinstance(e.__cause__, hvd.MismatchError)
-    raises(hvd.MismatchError, r"shape differs", hvd.allgather, torch.ones(2, RANK + 1), name="trailing")
+hvd.barrier()
+raises(hvd.MismatchError, r"shape", hvd.allgather, torch.ones(2, RANK + 1), name="trailing")
+raises(ValueError, r"scalar", hvd.reducescatter, torch.tensor(1.0))
+raises(TypeError, r"1-D integer tensor", hvd.alltoall, x, splits=torch.ones(SIZE))
 check(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="after"), np.full(2, float(SIZE)), torch.float32,
       "runtime usable after the refusals")
+
+# --- join: rank r runs r + 1 steps; an Average divides by the ranks still running ---------------
+for step in range(RANK + 1):
+    got = hvd.allreduce(torch.tensor([float(RANK + 1)]), name="join.avg")
+    assert got.item() == np.mean(np.arange(step + 1, SIZE + 1)), (step, got)
+    assert hvd.allgather(torch.tensor([RANK]), name="join.ag").tolist() == list(range(step, SIZE))
+    if step:  # rank 0 has joined: reducescatter keeps working, alltoall and its broadcasts fail
+        check(hvd.reducescatter(torch.full((SIZE,), float(RANK)), op=hvd.Sum, name="join.rs"),
+              np.array([float(sum(range(step, SIZE)))]), torch.float32, "reducescatter while joined", same=False)
+        assert torch.equal(hvd.broadcast(torch.arange(3) + RANK, root_rank=SIZE - 1, name="join.bc"),
+                           torch.arange(3) + SIZE - 1)
+        raises(hvd.CollectiveError, r"join.bc0.*root, rank 0, has joined", hvd.broadcast, torch.ones(2), 0,
+               name="join.bc0")
+        raises(hvd.CollectiveError, r"join.a2a.*joined", hvd.alltoall, torch.ones(SIZE), name="join.a2a")
+last = hvd.join(device=-1)
+assert isinstance(last, int) and last == SIZE - 1, last  # the rank with the most steps
+check(hvd.allreduce(torch.ones(2), op=hvd.Sum, name="after.join"), np.full(2, float(SIZE)), torch.float32,
+      "every rank takes part again after join")
 
 done("horovod_torch_api")
 hvd.shutdown()
