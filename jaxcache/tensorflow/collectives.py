@@ -2,7 +2,11 @@
 
     allreduce, grouped_allreduce  gradient: the same allreduce of the gradient (op and scales)
     allgather, grouped_allgather  gradient: average-allreduce of the gradient, this rank's rows
+                                  (at the offsets the ranks agreed on: first dimensions may differ)
     broadcast                     gradient: average-allreduce on root_rank, zeros elsewhere
+    reducescatter, grouped_...    gradient: allgather of the gradient times prescale * postscale,
+                                  and times size for Sum (Horovod's scaling)
+    alltoall                      gradient: alltoall of the gradient, sending back the rows received
 
 Backward collectives are named `<name>/grad`. tf.IndexedSlices are reduced by an allgather of
 their values and indices (sparse.py). device_dense / device_sparse / ignore_name_scope are
@@ -12,10 +16,11 @@ TensorFlow name scopes.
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from .. import runtime as _runtime
-from ..compat import pending, process_sets, reduce_ops
+from ..compat import process_sets, reduce_ops
 from ..compat.process_sets import global_process_set
 from . import ops, sparse
 from . import compression as _compression
@@ -50,34 +55,98 @@ def reduce_tensors(tensors: list, name: str, op: str, pre: float, post: float) -
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-def _own_rows(grad, x):
-    r = _runtime.rank()
+def _zeros_for_none(dys, like) -> list:
+    return [tf.zeros_like(y) if d is None else tf.convert_to_tensor(d) for d, y in zip(dys, like)]
+
+
+def _gather(tensors: list, name: str) -> tuple[list, tf.Tensor]:
+    """One atomic allgather request (not differentiable): results and every rank's rows."""
+    (outs, rows), = ops.run_allocated(ops.KIND_ALLGATHER, [name], [list(tensors)])
+    return outs, rows
+
+
+def _own_rows(grad, x, rows, i: int):
+    """This rank's part of the gradient of tensor i of an allgather whose rows the ranks agreed."""
+    size, r = _runtime.size(), _runtime.rank()
+    mine = rows[i * size:(i + 1) * size]
+    offset = tf.reduce_sum(mine[:r])
     if x.shape.rank == 0:
-        return grad[r]
-    d = tf.shape(x)[0]
-    # Equal first dimensions on every rank (until uneven allgather lands with issue 13).
-    return grad[r * d:(r + 1) * d]
+        return grad[offset]
+    return grad[offset:offset + mine[r]]
 
 
 def gather_tensors(tensors: list, name: str) -> list:
-    """One atomic allgather request; differentiable (Horovod's rule)."""
-    def run(xs, nm):
-        return ops.run(ops.KIND_ALLGATHER, [nm], [list(xs)])[0]
-
+    """One atomic allgather request (first dimensions may differ); differentiable (Horovod's rule)."""
     if not _differentiable(tensors):
-        return run(tensors, name)
+        return _gather(tensors, name)[0]
 
     @tf.custom_gradient
     def f(*xs):
+        ys, rows = _gather(xs, name)
+
         def grad(*dys):
-            dys = [tf.zeros_like(y) if d is None else tf.convert_to_tensor(d) for d, y in zip(dys, ys)]
-            reduced = reduce_tensors(dys, f"{name}/grad", "average", 1.0, 1.0)
-            return [_own_rows(g, x) for g, x in zip(reduced, xs)]
-        ys = run(xs, name)
+            reduced = reduce_tensors(_zeros_for_none(dys, ys), f"{name}/grad", "average", 1.0, 1.0)
+            return [_own_rows(g, x, rows, i) for i, (g, x) in enumerate(zip(reduced, xs))]
         return ys, grad
 
     out = f(*tensors)
     return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def scatter_tensors(tensors: list, name: str, op: str, pre: float, post: float) -> list:
+    """One atomic reducescatter request over validated tensors; differentiable (Horovod's rule)."""
+    code, pre_w, post_w = ops.reduce_args(op, pre, post)
+
+    def run(xs):
+        return ops.run(ops.KIND_REDUCESCATTER, [name], [list(xs)], op=code, prescale=pre_w,
+                       postscale=post_w)[0]
+
+    if not _differentiable(tensors):
+        return run(tensors)
+    factor = (_runtime.size() if op == "sum" else 1.0) * pre * post
+
+    @tf.custom_gradient
+    def f(*xs):
+        ys = run(xs)
+
+        def grad(*dys):
+            dys = _zeros_for_none(dys, ys)
+            if factor != 1.0:
+                dys = [d * tf.cast(factor, d.dtype) for d in dys]
+            return _gather(dys, f"{name}/grad")[0]
+        return ys, grad
+
+    out = f(*tensors)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def exchange(tensor, splits, name: str) -> tuple:
+    """One alltoall request: (rows received in rank order, rows received from each rank as
+    int32); differentiable (the gradient goes back with the received splits)."""
+    def run(x, s, nm):
+        (outs, received), = ops.run_allocated(ops.KIND_ALLTOALL, [nm], [[x]], [s])
+        return outs[0], received
+
+    if not _differentiable([tensor]):
+        return run(tensor, splits, name)
+    received_splits = []
+
+    @tf.custom_gradient
+    def f(x):
+        y, received = run(x, splits, name)
+        received_splits.append(received)
+
+        def grad(dy):
+            return run(_zeros_for_none([dy], [y])[0], received, f"{name}/grad")[0]
+        return y, grad
+
+    return f(tensor), received_splits[0]
+
+
+def _check_first_dim(t, fn: str, what: str) -> None:
+    if t.shape.rank == 0:
+        raise ValueError(f"jaxcache.tensorflow.{fn}: {what} is a scalar; it needs a first dimension "
+                         "to split")
 
 
 def _tensor(x, fn: str, name):
@@ -162,8 +231,8 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Every rank's `tensor` concatenated along axis 0 in rank order (a scalar gives a vector).
 
-    Differentiable. All ranks must pass the same shape (a different first dimension per rank
-    arrives with issue 13).
+    The first dimension may differ between ranks; the others must agree. Differentiable.
+    Inside tf.function the result's first dimension is unknown until it runs.
     """
     process_sets.check(process_set, "tensorflow.allgather")
     _runtime.require_initialized("jaxcache.tensorflow.allgather")
@@ -231,42 +300,95 @@ def broadcast_(variables, root_rank=0, name=None, process_set=global_process_set
     return [v.assign(o) for v, (o,) in zip(variables, outs)]
 
 
-# --- pending names (issue 13); Horovod's signatures -------------------------------------------
-
-
-@_api
-def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
-    """Horovod's alltoall (pending: issue 13)."""
-    process_sets.check(process_set, "tensorflow.alltoall")
-    _tensor(tensor, "alltoall", name)
-    pending.alltoall("jaxcache.tensorflow.alltoall")
-
-
 @_api
 def reducescatter(tensor, device_dense="", compression=Compression.none, op=reduce_ops.Average,
                   name=None, process_set=global_process_set, ignore_name_scope=False,
-                  prescale_factor=1.0, postscale_factor=1.0):
-    """Horovod's reducescatter (pending: issue 13)."""
-    process_sets.check(process_set, "tensorflow.reducescatter")
-    op = reduce_ops.to_name(op, "tensorflow.reducescatter")
-    t = _tensor(tensor, "reducescatter", name)
-    ops.check_reduction(t, op, prescale_factor, postscale_factor, "reducescatter", "tensor")
-    pending.reducescatter("jaxcache.tensorflow.reducescatter")
+                  prescale_factor=1.0, postscale_factor=1.0, *, prescale=None, postscale=None):
+    """Reduces `tensor` over all ranks and returns this rank's rows of axis 0 (differentiable).
+
+    Rank r gets `shape[0] // size` rows, one more when `r < shape[0] % size` (Horovod's
+    split). op: Average (default), Sum, Min, Max, Product (or 'average', 'sum', ...); an
+    average divides by the ranks that contribute (those that have not joined).
+    """
+    return _reducescatter([tensor], name, compression, op, process_set, prescale_factor,
+                          postscale_factor, prescale, postscale, "reducescatter", True)[0]
 
 
 @_api
 def grouped_reducescatter(tensors, device_dense="", compression=Compression.none,
                           op=reduce_ops.Average, process_set=global_process_set, prescale_factor=1.0,
-                          postscale_factor=1.0):
-    """Horovod's grouped_reducescatter (pending: issue 13)."""
-    process_sets.check(process_set, "tensorflow.grouped_reducescatter")
-    reduce_ops.to_name(op, "tensorflow.grouped_reducescatter")
+                          postscale_factor=1.0, *, name=None, prescale=None, postscale=None):
+    """reducescatter of every tensor of the list as one atomic request (differentiable)."""
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError("jaxcache.tensorflow.grouped_reducescatter: tensors must be a list or tuple, "
+                        f"got {type(tensors).__name__}")
+    if not tensors:
+        return tensors
+    return _reducescatter(list(tensors), name, compression, op, process_set, prescale_factor,
+                          postscale_factor, prescale, postscale, "grouped_reducescatter", False)
+
+
+def _reducescatter(tensors, name, compression, op, process_set, prescale_factor, postscale_factor,
+                   prescale, postscale, fn: str, single: bool) -> list:
+    process_sets.check(process_set, f"tensorflow.{fn}")
+    op = reduce_ops.resolve(op, None, f"tensorflow.{fn}")
+    pre, post = reduce_ops.scales(prescale_factor, postscale_factor, prescale, postscale,
+                                  f"tensorflow.{fn}")
+    _runtime.require_initialized(f"jaxcache.tensorflow.{fn}")
+    _compression.check(compression, fn)
+    ts = []
     for i, x in enumerate(tensors):
-        ops.as_tensor(x, "grouped_reducescatter", f"tensors[{i}]")
-    pending.reducescatter("jaxcache.tensorflow.grouped_reducescatter")
+        what = (f"tensor {name!r}" if name else "tensor") if single else \
+            f"tensors[{i}]" + (f" of {name!r}" if name else "")
+        t = ops.as_tensor(x, fn, what)
+        ops.check_reduction(t, op, pre, post, fn, what)
+        _check_first_dim(t, fn, what)
+        ts.append(t)
+    name = ops.auto_name(fn, name, fn)
+    compressed = [compression.compress(t) for t in ts]
+    outs = scatter_tensors([c for c, _ in compressed], name, op, pre, post)
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, compressed)]
 
 
+@_api
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Sends `splits[j]` rows of axis 0 to rank j (default: `size` equal blocks) and returns the
+    rows received, concatenated in rank order (differentiable).
+
+    With `splits` (a list, array or integer tensor; may differ per rank) it returns
+    `(tensor, received_splits)`, the rows that came from each rank (int32), as Horovod does.
+    """
+    process_sets.check(process_set, "tensorflow.alltoall")
+    _runtime.require_initialized("jaxcache.tensorflow.alltoall")
+    what = f"tensor {name!r}" if name else "tensor"
+    t = _tensor(tensor, "alltoall", name)
+    _check_first_dim(t, "alltoall", what)
+    counts = splits
+    if splits is not None:
+        if isinstance(splits, (list, tuple, np.ndarray)):
+            counts = tf.constant(ops.validation.check_splits(
+                np.asarray(splits) if isinstance(splits, np.ndarray) else splits,
+                "tensorflow.alltoall"), tf.int64)
+        else:
+            counts = tf.convert_to_tensor(splits)
+            if not counts.dtype.is_integer:
+                raise TypeError("jaxcache.tensorflow.alltoall: splits must be integers, got "
+                                f"{counts.dtype.name}")
+    out, received = exchange(t, counts, ops.auto_name("alltoall", name, "alltoall"))
+    return out if splits is None else (out, received)
+
+
+@_api
 def join():
-    """Horovod's join (pending: issue 13)."""
+    """This rank has no more data: it serves the other ranks' collectives until every rank has
+    joined. Returns the rank that joined last, as an int32 scalar tensor (on every rank).
+
+    Meanwhile it contributes zeros to sums (the identity to min/max/prod) and no rows to
+    allgathers, and an 'average' divides by the ranks that have not joined.
+    """
     _runtime.require_initialized("jaxcache.tensorflow.join")
-    return pending.join("jaxcache.tensorflow.join")
+    if tf.executing_eagerly():
+        return tf.constant(_runtime.join(), tf.int32)
+    last = tf.py_function(lambda: tf.constant(_runtime.join(), tf.int32), [], Tout=tf.int32)
+    last.set_shape([])
+    return last

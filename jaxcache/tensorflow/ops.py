@@ -7,6 +7,11 @@ their request counts as CUDA in the signature, and their results go back to thei
 Inside tf.function the same collectives run through tf.py_function: TensorFlow's automatic
 control dependencies execute such stateful ops in program order, so every rank submits
 them in the same order and a blocked op can never wait for one its own graph has not run.
+
+Allreduce, broadcast and reducescatter results go into NumPy buffers the bridge sizes;
+allgather and alltoall results are sized by the runtime from what the ranks agreed (a
+different first dimension per rank, per-rank splits), so inside tf.function their first
+dimension is unknown until they run.
 """
 
 from __future__ import annotations
@@ -21,13 +26,13 @@ import tensorflow as tf
 from .. import devices as _devices
 from .. import runtime as _runtime
 from .._ext import ext
-from ..compat import pending
-from ..errors import MismatchError, raise_for_status
+from ..errors import raise_for_status
 from ..ops import naming, validation
 from ..ops.eager import DTYPE_CODES as _NP_DTYPE_CODES
+from ..ops.eager import (  # noqa: F401  (the kinds are used through this module by the bridge)
+    KIND_ALLGATHER, KIND_ALLREDUCE, KIND_ALLTOALL, KIND_BROADCAST, KIND_REDUCESCATTER)
 from ..ops.eager import keep_until_done
-
-KIND_ALLREDUCE, KIND_BROADCAST, KIND_ALLGATHER = 0, 1, 2
+from ..ops.reducescatter import scatter_rows
 
 _BFLOAT16 = np.dtype(tf.bfloat16.as_numpy_dtype)
 
@@ -124,56 +129,91 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint16) if a.dtype == _BFLOAT16 else a
 
 
-def submit_eager(kind: int, names: list[str], groups: list[list[tf.Tensor]], *, op: int = 0,
-                 prescale: float = 1.0, postscale: float = 1.0, root: int = 0) -> list[list[np.ndarray]]:
-    """Submits one request per (name, tensors) group, then waits for all; returns NumPy outputs.
+def _device_kind(tensors) -> int:
+    return _devices.CUDA if any(_on_gpu(t) for t in tensors) else _devices.CPU
 
-    All requests are in flight together, so ranks may submit them in any order.
-    """
-    size = _runtime.size()
-    in_flight, error = [], None
-    for name, tensors in zip(names, groups):
-        ins, outs, codes = [], [], []
-        device = _devices.CUDA if any(_on_gpu(t) for t in tensors) else _devices.CPU
-        for t in tensors:
-            t = _cpu(t)
-            nd = np_dtype(t.dtype)
-            shape = tuple(t.shape)
-            if kind == KIND_ALLGATHER:
-                shape = (size,) if not shape else (size * shape[0], *shape[1:])
-            out = np.empty(shape, nd)
-            # A tf tensor exports DLPack (zero-copy); NumPy cannot export bfloat16: pass its bits.
-            ins.append(t)
-            outs.append(out)
-            codes.append(_NP_DTYPE_CODES[nd])
-        try:
-            handle = ext.submit(kind, name, ins, [_bits(o) for o in outs], op, float(prescale),
-                                float(postscale), int(root), codes,
-                                refuse_if_in_flight=name not in _automatic, device=device)
-        except BaseException as e:  # submit refused: still wait for what is already in flight
-            error = e
-            break
-        in_flight.append((handle, ins, outs))
-    results = []
-    for i, (handle, ins, outs) in enumerate(in_flight):
+
+def _wait_all(in_flight: list, error: BaseException | None) -> list:
+    """Waits for every (handle, keepalive) in flight (even after a failure); raises the first error."""
+    for i, (handle, keepalive) in enumerate(in_flight):
         try:
             status, message = handle.wait()
         except BaseException:  # Ctrl-C: the runtime still uses the buffers of what is in flight
-            for h, i_, o_ in in_flight[i:]:
-                keep_until_done(h, (i_, o_))
+            for h, k in in_flight[i:]:
+                keep_until_done(h, k)
             raise
         if status and error is None:
             try:
                 raise_for_status(status, message)
             except Exception as e:  # noqa: BLE001 - raised after every handle is waited for
                 error = e
-        results.append(outs)
     if error is not None:
-        if kind == KIND_ALLGATHER and isinstance(error, MismatchError) and \
-                pending.is_uneven_first_dim(str(error)):
-            pending.uneven_allgather("jaxcache.tensorflow.allgather", error)
         raise error
+    return [h for h, _ in in_flight]
+
+
+def submit_eager(kind: int, names: list[str], groups: list[list[tf.Tensor]], *, op: int = 0,
+                 prescale: float = 1.0, postscale: float = 1.0, root: int = 0) -> list[list[np.ndarray]]:
+    """Submits one allreduce, broadcast or reducescatter request per (name, tensors) group,
+    then waits for all; returns NumPy outputs.
+
+    All requests are in flight together, so ranks may submit them in any order.
+    """
+    if kind == KIND_REDUCESCATTER:
+        size, rank = _runtime.size(), _runtime.rank()
+    in_flight, results, error = [], [], None
+    for name, tensors in zip(names, groups):
+        ins, outs, codes = [], [], []
+        for t in tensors:
+            t = _cpu(t)
+            nd = np_dtype(t.dtype)
+            shape = tuple(t.shape)
+            if kind == KIND_REDUCESCATTER:
+                shape = (scatter_rows(shape[0], size, rank), *shape[1:])
+            # A tf tensor exports DLPack (zero-copy); NumPy cannot export bfloat16: pass its bits.
+            ins.append(t)
+            outs.append(np.empty(shape, nd))
+            codes.append(_NP_DTYPE_CODES[nd])
+        try:
+            handle = ext.submit(kind, name, ins, [_bits(o) for o in outs], op, float(prescale),
+                                float(postscale), int(root), codes,
+                                refuse_if_in_flight=name not in _automatic, device=_device_kind(tensors))
+        except BaseException as e:  # submit refused: still wait for what is already in flight
+            error = e
+            break
+        in_flight.append((handle, (ins, outs)))
+        results.append(outs)
+    _wait_all(in_flight, error)
     return results
+
+
+def submit_allocated_eager(kind: int, names: list[str], groups: list[list[tf.Tensor]],
+                           splits: list | None = None) -> list[tuple[list[np.ndarray], list[int]]]:
+    """Submits one allgather or alltoall request per (name, tensors) group, then waits for all.
+
+    Returns, per group, the outputs (sized by the runtime; views of its buffers) and the
+    agreed rows (allgather: `rows[t * size + r]`; alltoall: rows received from each rank).
+    splits (alltoall): per group, the rows sent to each rank, or None for equal blocks.
+    """
+    in_flight, error = [], None
+    for i, (name, tensors) in enumerate(zip(names, groups)):
+        ins = [_cpu(t) for t in tensors]
+        codes = [_NP_DTYPE_CODES[np_dtype(t.dtype)] for t in ins]
+        try:
+            handle = ext.submit_allocated(kind, name, ins, list((splits or [None] * len(groups))[i] or []),
+                                          codes, refuse_if_in_flight=name not in _automatic,
+                                          device=_device_kind(tensors))
+        except BaseException as e:  # submit refused: still wait for what is already in flight
+            error = e
+            break
+        in_flight.append((handle, ins))
+    handles = _wait_all(in_flight, error)
+    out = []
+    for handle, tensors in zip(handles, groups):
+        arrays = [raw.view(np_dtype(t.dtype)).reshape(shape)
+                  for (raw, shape), t in zip(handle.results(), tensors)]
+        out.append((arrays, [int(n) for n in handle.rows()]))
+    return out
 
 
 def _to_tf(a: np.ndarray, like: tf.Tensor | None = None) -> tf.Tensor:
@@ -185,7 +225,8 @@ def _to_tf(a: np.ndarray, like: tf.Tensor | None = None) -> tf.Tensor:
 
 
 def run(kind: int, names: list[str], groups: list[list[tf.Tensor]], **kw) -> list[list[tf.Tensor]]:
-    """Eager or (inside tf.function) through one tf.py_function for all the requests.
+    """Allreduce, broadcast or reducescatter requests, eagerly or (inside tf.function) through
+    one tf.py_function for all of them.
 
     Inside tf.function the device kind in the signature is that of the tensors TensorFlow
     hands to the py_function (it decides where that op runs).
@@ -195,7 +236,6 @@ def run(kind: int, names: list[str], groups: list[list[tf.Tensor]], **kw) -> lis
         return [[_to_tf(o, t) for o, t in zip(outs, g)]
                 for outs, g in zip(submit_eager(kind, names, groups, **kw), groups)]
     sizes = [len(g) for g in groups]
-    size = _runtime.size()
 
     def body(*tensors):
         it = iter(tensors)
@@ -206,14 +246,68 @@ def run(kind: int, names: list[str], groups: list[list[tf.Tensor]], **kw) -> lis
     out = tf.py_function(body, flat, Tout=[t.dtype for t in flat])
     if not isinstance(out, (list, tuple)):
         out = [out]
+    if kind == KIND_REDUCESCATTER:
+        size, rank = _runtime.size(), _runtime.rank()
     for o, t in zip(out, flat):
         shape = t.shape
-        if kind == KIND_ALLGATHER:
-            shape = tf.TensorShape([size]) if shape.rank == 0 else \
-                tf.TensorShape([None if shape[0] is None else size * shape[0]]).concatenate(shape[1:])
+        if kind == KIND_REDUCESCATTER:
+            rows = None if shape[0] is None else scatter_rows(int(shape[0]), size, rank)
+            shape = tf.TensorShape([rows]).concatenate(shape[1:])
         o.set_shape(shape)
     it = iter(out)
     return [[next(it) for _ in range(n)] for n in sizes]
+
+
+def _unknown_rows(shape: tf.TensorShape) -> tf.TensorShape:
+    # An allgather of scalars gives a vector; otherwise only the first dimension is unknown.
+    return tf.TensorShape([None]) if shape.rank == 0 else tf.TensorShape([None]).concatenate(shape[1:])
+
+
+def run_allocated(kind: int, names: list[str], groups: list[list[tf.Tensor]],
+                  splits: list | None = None) -> list[tuple[list[tf.Tensor], tf.Tensor]]:
+    """Allgather or alltoall requests, eagerly or through one tf.py_function for all of them.
+
+    Returns, per group, the result tensors and the agreed rows as an int32 tensor (see
+    submit_allocated_eager). splits (alltoall): per group, None or a 1-D integer tensor.
+    """
+    splits = splits or [None] * len(groups)
+    if tf.executing_eagerly():
+        counts = [None if s is None else _check_splits(s) for s in splits]
+        done = submit_allocated_eager(kind, names, groups, counts)
+        return [([_to_tf(o, t) for o, t in zip(outs, g)], tf.constant(rows, tf.int32))
+                for (outs, rows), g in zip(done, groups)]
+    sizes = [len(g) for g in groups]
+    with_splits = [i for i, s in enumerate(splits) if s is not None]
+    flat = [t for g in groups for t in g] + [splits[i] for i in with_splits]
+
+    def body(*tensors):
+        it = iter(tensors)
+        regrouped = [[next(it) for _ in range(n)] for n in sizes]
+        counts = [None] * len(groups)
+        for i in with_splits:
+            counts[i] = _check_splits(next(it))
+        done = submit_allocated_eager(kind, names, regrouped, counts)
+        return ([_to_tf(o, t) for (outs, _), g in zip(done, regrouped) for o, t in zip(outs, g)]
+                + [tf.constant(rows, tf.int32) for _, rows in done])
+
+    n_out = sum(sizes)
+    out = tf.py_function(body, flat, Tout=[t.dtype for t in flat[:n_out]] + [tf.int32] * len(groups))
+    out = list(out) if isinstance(out, (list, tuple)) else [out]
+    for o, t in zip(out, flat[:n_out]):
+        o.set_shape(_unknown_rows(t.shape))
+    tensors, rows = iter(out[:n_out]), out[n_out:]
+    for r in rows:
+        r.set_shape([None])
+    return [([next(tensors) for _ in range(n)], r) for n, r in zip(sizes, rows)]
+
+
+def _check_splits(splits) -> list[int]:
+    if isinstance(splits, tf.Tensor):
+        if not splits.dtype.is_integer:
+            raise TypeError(f"jaxcache.tensorflow.alltoall: splits must be integers, got {splits.dtype.name}")
+        splits = splits.numpy()
+    return validation.check_splits(np.asarray(splits) if not isinstance(splits, (list, tuple)) else splits,
+                                   "tensorflow.alltoall")
 
 
 # ---------------------------------------------------------------------------------------------

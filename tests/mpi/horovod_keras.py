@@ -162,6 +162,13 @@ same_on_all_ranks(loaded.get_weights()[0], "loaded model trains in step")
 np.testing.assert_allclose(hvd.allreduce(float(RANK), op=hvd.Sum).numpy(), sum(range(SIZE)))
 np.testing.assert_allclose(hvd.allreduce([1.0, RANK]).numpy(), [1.0, (SIZE - 1) / 2])
 assert hvd.allgather([RANK]).numpy().tolist() == list(range(SIZE))
+assert hvd.allgather([RANK] * (RANK + 1)).numpy().tolist() == [r for r in range(SIZE) for _ in range(r + 1)]
+rows = [float(r) for r in range(2 * SIZE + 1)]  # reducescatter: rank r keeps its rows of the average
+lo = sum(2 + (1 if q < 1 else 0) for q in range(RANK))
+np.testing.assert_allclose(hvd.reducescatter([v + RANK for v in rows]).numpy(),
+                           [v + (SIZE - 1) / 2 for v in rows][lo:lo + 2 + (1 if RANK < 1 else 0)])
+np.testing.assert_allclose(hvd.reducescatter([v + RANK for v in rows], op=hvd.Sum, name="keras.rs").numpy(),
+                           [SIZE * v + sum(range(SIZE)) for v in rows][lo:lo + 2 + (1 if RANK < 1 else 0)])
 assert hvd.broadcast([RANK, 7], root_rank=SIZE - 1).numpy().tolist() == [SIZE - 1, 7]
 assert (hvd.Average, hvd.Sum) == (0, 1)
 
@@ -175,7 +182,6 @@ def raises(exc, pattern, fn, *args, **kwargs):
         raise AssertionError(f"expected {exc.__name__} ({pattern})")
 
 
-raises(NotImplementedError, r"issue 13", hvd.reducescatter, [1.0] * SIZE)
 raises(NotImplementedError, r"legacy_opts", hvd.load_model, "x.keras", legacy_opts=True)
 raises(RuntimeError, r"eager", hvd.broadcast_global_variables, 0)
 raises(NotImplementedError, r"BestModelCheckpoint is not supported", hvd.callbacks.BestModelCheckpoint)

@@ -1,12 +1,14 @@
 """`import jaxcache.tensorflow as hvd` with Horovod 0.28.1's API: every name marked "same" in
 docs/horovod.md against NumPy on every rank, eagerly and in tf.function; gradients by finite
-differences; SyncBatchNormalization against BatchNormalization on the global batch."""
+differences; reducescatter, alltoall, uneven allgather and join with Horovod's signatures and
+return conventions; SyncBatchNormalization against BatchNormalization on the global batch."""
 
 from __future__ import annotations
 
 import os
 import re
 import warnings
+import zlib
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -80,11 +82,13 @@ def ref(xs, op: str, pre=1.0, post=1.0):
     return {"sum": s.sum(0), "avg": s.sum(0) / SIZE, "min": s.min(0), "max": s.max(0), "prod": s.prod(0)}[op] * post
 
 
-def check(t, expected, dtype, what, tol=1e-12):
+def check(t, expected, dtype, what, tol=1e-12, same=True):
+    """`t` against NumPy; same=True: also bitwise identical on every rank (not for reducescatter)."""
     a = t.numpy()
     assert a.dtype == np.dtype(dtype), f"{what}: dtype {a.dtype}"
     assert a.shape == np.shape(expected), f"{what}: shape {a.shape} != {np.shape(expected)}"
-    same_on_all_ranks(a, what)
+    if same:
+        same_on_all_ranks(a, what)
     np.testing.assert_allclose(a.astype(np.float64), expected, rtol=tol, atol=tol, err_msg=what)
 
 
@@ -174,6 +178,85 @@ for rep in range(2):
     check(m2, ref(xs, "max") * 2, np.float32, "tf.function grouped", 1e-6)
     assert isinstance(sl, tf.IndexedSlices) and sl.values.shape[0] == sum(range(1, SIZE + 1))
 
+
+# --- reducescatter, alltoall, uneven allgather (Horovod's signatures and return conventions) --------
+def rows_of(n: int, r: int) -> int:
+    return n // SIZE + (1 if r < n % SIZE else 0)
+
+
+def my_rows(full: np.ndarray) -> np.ndarray:
+    start = sum(rows_of(full.shape[0], q) for q in range(RANK))
+    return full[start:start + rows_of(full.shape[0], RANK)]
+
+
+seed = 100
+for op, key in ((hvd.Average, "avg"), (hvd.Sum, "sum"), (hvd.Min, "min"), (hvd.Max, "max"), (hvd.Product, "prod")):
+    for rows in (2 * SIZE, 2 * SIZE + 1, SIZE - 1):
+        for dtype in (np.float64, np.int32):
+            if op == hvd.Average and dtype == np.int32:
+                continue
+            seed += 1
+            xs = inputs(seed, (rows, 3), dtype)
+            check(hvd.reducescatter(tf.constant(xs[RANK]), op=op), my_rows(ref(xs, key)), dtype,
+                  f"reducescatter {op.name} {np.dtype(dtype).name} rows {rows}", same=False)
+xs = inputs(130, (2 * SIZE + 1, 2))
+check(hvd.reducescatter(tf.Variable(xs[RANK])), my_rows(ref(xs, "avg")), np.float64, "reducescatter default",
+      same=False)
+check(hvd.reducescatter(tf.constant(xs[RANK]), op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0),
+      my_rows(ref(xs, "sum", 0.5, 3.0)), np.float64, "reducescatter scaled", same=False)
+check(hvd.reducescatter(tf.constant(xs[RANK]), op="sum", prescale=2.0), my_rows(ref(xs, "sum", 2.0)),
+      np.float64, "reducescatter jaxcache spellings", same=False)
+gs = [inputs(131 + i, (SIZE + i, 2), d) for i, d in enumerate((np.float64, np.float32))]
+outs = hvd.grouped_reducescatter([tf.constant(g[RANK]) for g in gs], op=hvd.Sum)
+for i, o in enumerate(outs):
+    check(o, my_rows(ref(gs[i], "sum")), gs[i][0].dtype, f"grouped_reducescatter[{i}]", 1e-5, False)
+outs = hvd.grouped_reducescatter([tf.constant(g[RANK]) for g in gs], postscale_factor=2.0, name="hvd.grs")
+for i, o in enumerate(outs):
+    check(o, my_rows(ref(gs[i], "avg", 1.0, 2.0)), gs[i][0].dtype, f"grouped_reducescatter avg[{i}]", 1e-5, False)
+xs32 = inputs(133, (4 * SIZE, 8), np.float32)
+out = hvd.reducescatter(tf.constant(xs32[RANK]), op=hvd.Sum, compression=hvd.Compression.fp16)
+assert out.dtype == tf.float32
+np.testing.assert_allclose(out.numpy(), my_rows(ref(xs32, "sum")), rtol=3e-3, atol=3e-2)
+
+# alltoall: without splits only the tensor; with splits also the received splits (int32)
+xs = inputs(140, (2 * SIZE, 3))
+out = hvd.alltoall(tf.constant(xs[RANK]))
+assert isinstance(out, tf.Tensor)
+assert np.array_equal(out.numpy(), np.concatenate([x[2 * RANK:2 * RANK + 2] for x in xs])), "alltoall"
+splits = [[(q + 2 * d) % 3 for d in range(SIZE)] for q in range(SIZE)]
+xs = [inputs(141, (sum(splits[q]), 2))[q] for q in range(SIZE)]
+expect = np.concatenate([np.split(xs[q], np.cumsum(splits[q])[:-1])[RANK] for q in range(SIZE)])
+for sp in (splits[RANK], np.array(splits[RANK]), tf.constant(splits[RANK], tf.int32)):
+    out, received = hvd.alltoall(tf.constant(xs[RANK]), splits=sp)
+    assert np.array_equal(out.numpy(), expect) and received.dtype == tf.int32
+    assert received.numpy().tolist() == [splits[q][RANK] for q in range(SIZE)]
+
+# allgather with a different first dimension per rank
+parts = [inputs(150, (r + 1, 2))[r] for r in range(SIZE)]
+assert np.array_equal(hvd.allgather(tf.constant(parts[RANK])).numpy(), np.concatenate(parts))
+other = [np.full((SIZE - r, 3), r, np.int64) for r in range(SIZE)]
+ga, gb = hvd.grouped_allgather([tf.constant(parts[RANK]), tf.constant(other[RANK])])
+assert np.array_equal(ga.numpy(), np.concatenate(parts)) and np.array_equal(gb.numpy(), np.concatenate(other))
+
+
+@tf.function
+def vocab_in_graph(x, y, sp):
+    out, received = hvd.alltoall(y, splits=sp)
+    return hvd.reducescatter(x, op=hvd.Sum), hvd.allgather(y), hvd.alltoall(x), out, received
+
+
+for rep in range(2):
+    xs = inputs(160 + rep, (2 * SIZE, 2))
+    ys = [np.arange(r + 1, dtype=np.float32) + 10 * r for r in range(SIZE)]
+    sp = [RANK + 1 if d == SIZE - 1 else 0 for d in range(SIZE)]
+    rs, ag, a2a, a2a_s, received = vocab_in_graph(tf.constant(xs[RANK]), tf.constant(ys[RANK]), tf.constant(sp))
+    check(rs, my_rows(ref(xs, "sum")), np.float64, "tf.function reducescatter", same=False)
+    assert np.array_equal(ag.numpy(), np.concatenate(ys)), "tf.function uneven allgather"
+    assert np.array_equal(a2a.numpy(), np.concatenate([x[2 * RANK:2 * RANK + 2] for x in xs]))
+    mine = np.concatenate(ys) if RANK == SIZE - 1 else np.zeros(0, np.float32)
+    assert np.array_equal(a2a_s.numpy(), mine) and received.dtype == tf.int32
+    assert received.numpy().tolist() == ([r + 1 for r in range(SIZE)] if RANK == SIZE - 1 else [0] * SIZE)
+
 # objects
 assert hvd.allgather_object({"r": RANK, "pad": "x" * RANK}) == [{"r": r, "pad": "x" * r} for r in range(SIZE)]
 for root in range(SIZE):
@@ -196,40 +279,68 @@ def objective(ys, weights):
     return sum(tf.reduce_sum(tf.sin(y) * tf.reshape(w[: int(np.prod(y.shape))], y.shape)) for y, w in zip(ys, weights))
 
 
-def gradcheck(label, fn, shape, mean):
-    x0 = inputs(abs(hash(label)) % 1000, shape)[RANK]
+def gradcheck(label, fn, shape, scale):
+    """The tape's gradient against central differences of the sum of the ranks' losses, where
+    every rank perturbs in lockstep; `scale` is Horovod's convention for the op (1: the sum of
+    the losses, 1/size: their mean, size: size times their sum). `shape` may depend on the rank."""
+    shape_of = shape if callable(shape) else (lambda r: shape)
+    x0 = inputs(zlib.crc32(label.encode()) % 1000, shape_of(RANK))[RANK]
     weights = [tf.constant(np.linspace(-1, 1, 64) * (RANK + 1) + k) for k in range(3)]
     x = tf.Variable(x0)
     with tf.GradientTape() as tape:
         y = fn(x)
         loss = objective(y if isinstance(y, list) else [y], weights)
     analytic = COMM.allgather(tape.gradient(loss, x).numpy().ravel())
-    eps, scale = 1e-6, (1.0 / SIZE if mean else 1.0)
+    eps = 1e-6
     for q in range(SIZE):
-        numeric = np.zeros(x0.size)
-        for i in range(x0.size):
+        numeric = np.zeros(int(np.prod(shape_of(q))))
+        for i in range(numeric.size):
             vals = []
             for sign in (1, -1):
                 xp = x0.copy().ravel()
                 if RANK == q:
                     xp[i] += sign * eps
-                y = fn(tf.constant(xp.reshape(shape)))
+                y = fn(tf.constant(xp.reshape(x0.shape)))
                 vals.append(COMM.allreduce(float(objective(y if isinstance(y, list) else [y], weights))))
             numeric[i] = scale * (vals[0] - vals[1]) / (2 * eps)
         np.testing.assert_allclose(analytic[q], numeric, rtol=1e-6, atol=1e-7,
                                    err_msg=f"gradient of {label} on rank {q}")
 
 
-gradcheck("allreduce Average", lambda x: hvd.allreduce(x, name="g.avg"), (3,), False)
+gradcheck("allreduce Average", lambda x: hvd.allreduce(x, name="g.avg"), (3,), 1.0)
 gradcheck("allreduce Sum scaled", lambda x: hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5,
-                                                          postscale_factor=3.0, name="g.sum"), (2, 2), False)
-gradcheck("grouped_allreduce", lambda x: hvd.grouped_allreduce([x, x * x], op=hvd.Sum, name="g.gar"), (3,), False)
-gradcheck("allgather", lambda x: hvd.allgather(x, name="g.ag"), (2, 2), True)
-gradcheck("grouped_allgather", lambda x: hvd.grouped_allgather([x, 2 * x], name="g.gag"), (2,), True)
+                                                          postscale_factor=3.0, name="g.sum"), (2, 2), 1.0)
+gradcheck("grouped_allreduce", lambda x: hvd.grouped_allreduce([x, x * x], op=hvd.Sum, name="g.gar"), (3,), 1.0)
+# allgather and broadcast: Horovod averages the gradients (the gradient of the mean of the losses)
+gradcheck("allgather", lambda x: hvd.allgather(x, name="g.ag"), (2, 2), 1.0 / SIZE)
+gradcheck("allgather uneven", lambda x: hvd.allgather(x, name="g.agu"), lambda r: (r + 1, 2), 1.0 / SIZE)
+gradcheck("grouped_allgather", lambda x: hvd.grouped_allgather([x, 2 * x], name="g.gag"), (2,), 1.0 / SIZE)
+gradcheck("grouped_allgather uneven", lambda x: hvd.grouped_allgather([x, x[:1] * 3], name="g.gagu"),
+          lambda r: (r + 1,), 1.0 / SIZE)
 for root in range(SIZE):
-    gradcheck(f"broadcast {root}", lambda x: hvd.broadcast(x, root, name=f"g.bc{root}"), (3,), True)
+    gradcheck(f"broadcast {root}", lambda x: hvd.broadcast(x, root, name=f"g.bc{root}"), (3,), 1.0 / SIZE)
+# reducescatter: Horovod's gradient is size times that of the sum of the losses, for every op
+gradcheck("reducescatter Sum", lambda x: hvd.reducescatter(x, op=hvd.Sum, name="g.rs"), (2 * SIZE, 2), SIZE)
+gradcheck("reducescatter Average uneven scaled",
+          lambda x: hvd.reducescatter(x, name="g.rsa", prescale_factor=0.5, postscale_factor=3.0),
+          (2 * SIZE + 1,), SIZE)
+gradcheck("grouped_reducescatter",
+          lambda x: hvd.grouped_reducescatter([x, x * x], op=hvd.Sum, name="g.grs"), (SIZE + 1,), SIZE)
+# alltoall: the gradient goes back where the rows came from (the sum of the losses)
+gradcheck("alltoall", lambda x: hvd.alltoall(x, name="g.a2a"), (SIZE, 2), 1.0)
+split_table = [[(q + d) % 3 for d in range(SIZE)] for q in range(SIZE)]
+gradcheck("alltoall splits", lambda x: hvd.alltoall(x, splits=split_table[RANK], name="g.a2as")[0],
+          lambda r: (sum(split_table[r]), 2), 1.0)
+# inside tf.function (the tape outside it)
 gradcheck("allreduce in tf.function", tf.function(lambda x: hvd.allreduce(x, op=hvd.Sum, name="g.fn")),
-          (3,), False)
+          (3,), 1.0)
+gradcheck("allgather uneven in tf.function", tf.function(lambda x: hvd.allgather(x, name="g.fn.ag")),
+          lambda r: (SIZE - r, 2), 1.0 / SIZE)
+gradcheck("reducescatter in tf.function",
+          tf.function(lambda x: hvd.reducescatter(x, op=hvd.Sum, name="g.fn.rs")), (SIZE + 1,), SIZE)
+gradcheck("alltoall splits in tf.function",
+          tf.function(lambda x: hvd.alltoall(x, splits=split_table[RANK], name="g.fn.a2a")[0]),
+          lambda r: (sum(split_table[r]),), 1.0)
 
 # --- SyncBatchNormalization against BatchNormalization on the whole batch (equal shards) ---------
 rng = np.random.default_rng(0)
@@ -260,12 +371,10 @@ raises(ValueError, r"fused=True", hvd.SyncBatchNormalization, fused=True)
 # --- pending and unsupported names raise and say so -------------------------------------------------
 x = tf.ones([2 * SIZE])
 for fn, args, kw, pattern in [
-    (hvd.alltoall, (x,), {}, r"alltoall arrives with issue 13"),
-    (hvd.reducescatter, (x,), {}, r"issue 13"),
-    (hvd.grouped_reducescatter, ([x],), {}, r"issue 13"),
-    (hvd.join, (), {}, r"issue 13"),
     (hvd.add_process_set, ([0],), {}, r"issue 14"),
     (hvd.allreduce, (x,), {"process_set": hvd.ProcessSet([0])}, r"issue 14"),
+    (hvd.reducescatter, (x,), {"process_set": hvd.ProcessSet([0])}, r"issue 14"),
+    (hvd.alltoall, (x,), {"process_set": hvd.ProcessSet([0])}, r"issue 14"),
     (hvd.size_op, (), {"process_set_id": 1}, r"issue 14"),
     (hvd.start_timeline, ("/tmp/x.json",), {"mark_cycles": True}, r"JAXCACHE_TIMELINE"),
     (hvd.BroadcastGlobalVariablesHook, (0,), {}, r"not supported by jaxcache: TensorFlow 1 session hooks"),
@@ -274,13 +383,31 @@ for fn, args, kw, pattern in [
     (hvd.elastic.TensorFlowKerasState, (None,), {}, r"not supported"),
     (hvd.elastic.TensorFlowState, (), {}, r"not supported"),
     (hvd.elastic.ObjectState, (), {}, r"not supported"),
+    (hvd.reducescatter, (x,), {"op": hvd.Adasum}, r"Adasum"),
 ]:
     raises(NotImplementedError, pattern, fn, *args, **kw)
-if SIZE > 1:
-    e = raises(NotImplementedError, r"different first dimension per rank .* issue 13", hvd.allgather,
-               tf.ones([RANK + 1]), name="tf.uneven")
-    assert isinstance(e.__cause__, jaxcache.MismatchError)
+raises(jaxcache.MismatchError, r"shape", hvd.allgather, tf.ones([2, RANK + 1]), name="tf.trailing")
+raises(ValueError, r"scalar", hvd.reducescatter, tf.constant(1.0))
+raises(TypeError, r"splits must be integers", hvd.alltoall, x, splits=tf.ones([SIZE]))
 check(hvd.allreduce(tf.ones(2), op=hvd.Sum, name="tf.after"), np.full(2, float(SIZE)), np.float32, "after")
+
+# --- join: rank r runs r + 1 steps; an Average divides by the ranks still running ---------------
+for step in range(RANK + 1):
+    got = hvd.allreduce(tf.constant([float(RANK + 1)]), name="tf.join.avg")
+    assert got.numpy()[0] == np.mean(np.arange(step + 1, SIZE + 1)), (step, got)
+    assert hvd.allgather(tf.constant([RANK]), name="tf.join.ag").numpy().tolist() == list(range(step, SIZE))
+    if step:  # rank 0 has joined: reducescatter keeps working, alltoall and its broadcasts fail
+        check(hvd.reducescatter(tf.fill([SIZE], float(RANK)), op=hvd.Sum, name="tf.join.rs"),
+              np.array([float(sum(range(step, SIZE)))]), np.float32, "reducescatter while joined", same=False)
+        bc = hvd.broadcast(tf.range(3) + RANK, root_rank=SIZE - 1, name="tf.join.bc")
+        assert bc.numpy().tolist() == [SIZE - 1, SIZE, SIZE + 1]
+        raises(jaxcache.CollectiveError, r"tf.join.bc0.*root, rank 0, has joined", hvd.broadcast, tf.ones(2), 0,
+               name="tf.join.bc0")
+        raises(jaxcache.CollectiveError, r"tf.join.a2a.*joined", hvd.alltoall, tf.ones(SIZE), name="tf.join.a2a")
+last = hvd.join()
+assert isinstance(last, tf.Tensor) and last.dtype == tf.int32 and int(last) == SIZE - 1, last
+check(hvd.allreduce(tf.ones(2), op=hvd.Sum, name="tf.after.join"), np.full(2, float(SIZE)), np.float32,
+      "every rank takes part again after join")
 
 done("horovod_tf_api")
 hvd.shutdown()

@@ -60,7 +60,7 @@ def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_fac
 
 
 def allgather(value, name=None):
-    """Every rank's value concatenated along the first dimension."""
+    """Every rank's value concatenated along the first dimension (which may differ per rank)."""
     return _collectives.allgather(_tf.constant(value), name=name)
 
 
@@ -70,7 +70,8 @@ def broadcast(value, root_rank, name=None):
 
 
 def reducescatter(value, name=None, op=Average):
-    """Horovod's reducescatter (pending: issue 13)."""
+    """The reduction of a tensor-compatible value over all ranks; this rank's rows of its first
+    dimension (`shape[0] // size`, one more for the first `shape[0] % size` ranks)."""
     return _collectives.reducescatter(_tf.constant(value), op=op, name=name)
 
 
