@@ -23,6 +23,8 @@ _EXPORTS = {
     "JaxcacheError": "errors", "MismatchError": "errors", "StallError": "errors",
     "ShutdownError": "errors", "DuplicateNameError": "errors", "CollectiveError": "errors",
     "cuda_built": "devices", "cuda_available": "devices",
+    "ProcessSet": "process_sets", "global_process_set": "process_sets",
+    "add_process_set": "process_sets", "remove_process_set": "process_sets",
 }
 
 __version__ = "0.1.0"

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from . import process_sets
 from . import runtime as _runtime
 from ._ext import ext
 from .errors import raise_for_status
@@ -36,33 +37,37 @@ def _name(name: str | None, kind: str, api: str) -> str:
     return naming.collective_name(kind, name)[0]
 
 
-def _broadcast_bytes(name: str, buf: np.ndarray, root: int) -> None:
+def _broadcast_bytes(name: str, buf: np.ndarray, root: int, process_set: int) -> None:
     handle = ext.submit(eager.KIND_BROADCAST, name, [buf], [buf], 0, 1.0, 1.0, root,
-                        [eager.DTYPE_CODES[buf.dtype]])
+                        [eager.DTYPE_CODES[buf.dtype]], process_set=process_set)
     status, message = eager.wait(handle, buf)
     raise_for_status(status, message)
 
 
-def broadcast(obj: Any, root: int, name: str | None, api: str) -> Any:
-    """broadcast_object for the API `api` (its name appears in error messages)."""
+def broadcast(obj: Any, root: int, name: str | None, api: str, process_set=None) -> Any:
+    """broadcast_object for the API `api` (its name appears in error messages). `root` is
+    a global rank, also with a process set."""
     _runtime.require_initialized(f"jaxcache.{api}")
-    root = validation.check_root(root, _runtime.size(), api)
+    ps = process_sets.resolve(process_set, api)
+    set_root = process_sets.set_root(root, ps, api)
     base = _name(name, "broadcast_object", api)
-    is_root = _runtime.rank() == root
+    is_root = ps.rank == set_root
     payload = _dumps(obj) if is_root else b""
     length = np.array([len(payload)], np.int64)
-    _broadcast_bytes(f"{base}.len", length, root)
+    _broadcast_bytes(f"{base}.len", length, set_root, ps.id)
     buf = np.frombuffer(bytearray(payload), np.uint8) if is_root else np.empty(int(length[0]), np.uint8)
-    _broadcast_bytes(f"{base}.data", buf, root)
+    _broadcast_bytes(f"{base}.data", buf, set_root, ps.id)
     return obj if is_root else pickle.loads(buf.tobytes())
 
 
-def allgather(obj: Any, name: str | None, api: str) -> list:
-    """allgather_object for the API `api`."""
+def allgather(obj: Any, name: str | None, api: str, process_set=None) -> list:
+    """allgather_object for the API `api` (a list in the set's rank order)."""
     _runtime.require_initialized(f"jaxcache.{api}")
+    ps = process_sets.resolve(process_set, api)
     base = _name(name, "allgather_object", api)
     payload = np.frombuffer(_dumps(obj), np.uint8)
-    (data,), rows = eager.run_allocated(eager.KIND_ALLGATHER, base, [payload], _runtime.size())
+    (data,), rows = eager.run_allocated(eager.KIND_ALLGATHER, base, [payload], ps.size,
+                                        process_set=ps.id)
     out, offset = [], 0
     for n in rows:
         out.append(pickle.loads(data[offset:offset + n].tobytes()))
@@ -70,11 +75,13 @@ def allgather(obj: Any, name: str | None, api: str) -> list:
     return out
 
 
-def broadcast_object(obj: Any = None, root: int = 0, *, name: str | None = None) -> Any:
-    """`root`'s picklable `obj`, on every rank (other ranks' `obj` is ignored)."""
-    return broadcast(obj, root, name, "broadcast_object")
+def broadcast_object(obj: Any = None, root: int = 0, *, name: str | None = None,
+                     process_set=None) -> Any:
+    """`root`'s picklable `obj`, on every rank (of `process_set`; `root` is a global rank;
+    other ranks' `obj` is ignored)."""
+    return broadcast(obj, root, name, "broadcast_object", process_set)
 
 
-def allgather_object(obj: Any, *, name: str | None = None) -> list:
-    """Every rank's picklable `obj`, as a list in rank order, on every rank."""
-    return allgather(obj, name, "allgather_object")
+def allgather_object(obj: Any, *, name: str | None = None, process_set=None) -> list:
+    """Every rank's picklable `obj`, as a list in rank order (of `process_set`), on every rank."""
+    return allgather(obj, name, "allgather_object", process_set)

@@ -8,7 +8,10 @@ import time
 
 from mpi4py import MPI
 
+from typing import Sequence
+
 from . import config as _config
+from . import process_sets as _process_sets
 from ._ext import ext
 from .errors import raise_for_status
 
@@ -16,12 +19,13 @@ _atexit_registered = False
 _settings = _config.Config()  # rank 0's, once init() has run
 
 
-def init(comm: MPI.Comm | None = None) -> None:
+def init(comm: MPI.Comm | None = None, process_sets: Sequence | None = None) -> None:
     """Starts the background runtime over a duplicate of `comm` (default COMM_WORLD).
 
     Collective over `comm`: every rank must call it. Rank 0's JAXCACHE_* settings are used
-    on every rank. Calling it again while the runtime is running does nothing; after
-    `shutdown()` it starts a new runtime.
+    on every rank. `process_sets` (ProcessSets, rank lists or communicators) are then
+    registered in order, as by `add_process_set` on every rank. Calling it again while the
+    runtime is running does nothing; after `shutdown()` it starts a new runtime.
     """
     global _atexit_registered, _settings
     if ext.running():
@@ -38,6 +42,9 @@ def init(comm: MPI.Comm | None = None) -> None:
     cfg = _config.synchronize(comm, _config.from_env())
     ext.init(MPI._addressof(comm), cfg.as_dict())
     _settings = cfg
+    _process_sets.started(comm, ext.size())
+    for ps in process_sets or ():
+        _process_sets.add_process_set(ps)
     if not _atexit_registered:
         # Registered after mpi4py's own exit handler, so it runs before MPI is finalized.
         atexit.register(_shutdown_at_exit)
@@ -73,10 +80,12 @@ def _shutdown_at_exit() -> None:
         time.sleep(0.005)
 
 
-def barrier(name: str = "jaxcache.barrier") -> None:
-    """Returns once every rank has called barrier() (eager; negotiated like any collective)."""
+def barrier(name: str = "jaxcache.barrier", *, process_set=None) -> None:
+    """Returns once every rank (of `process_set`) has called barrier() (eager; negotiated like
+    any collective)."""
     require_initialized("jaxcache.barrier()")
-    status, message = ext.barrier(name).wait()
+    ps = _process_sets.resolve(process_set, "barrier")
+    status, message = ext.barrier(name, ps.id).wait()
     raise_for_status(status, message)
 
 
@@ -149,16 +158,26 @@ def _last_runtime(call, what: str):
         raise RuntimeError(f"jaxcache was never initialized: call jaxcache.init() before {what}") from None
 
 
-def stats() -> dict:
-    """Counters of this rank's runtime since init or the last reset_stats()."""
-    raw = _last_runtime(ext.stats, "jaxcache.stats()")
+def _set_id(process_set, fn: str) -> int:
+    if process_set is None:
+        return 0
+    return _process_sets.resolve(process_set, fn).id
+
+
+def stats(process_set=None) -> dict:
+    """Counters of this rank's runtime (of one process set; default the global one) since
+    init or the last reset_stats()."""
+    set_id = _set_id(process_set, "stats")
+    raw = _last_runtime(lambda: ext.stats(set_id), "jaxcache.stats()")
     return {k: (v if k in _INT_STATS else int(v)) for k, v in raw.items()}
 
 
-def reset_stats() -> None:
-    _last_runtime(ext.reset_stats, "jaxcache.reset_stats()")
+def reset_stats(process_set=None) -> None:
+    set_id = _set_id(process_set, "reset_stats")
+    _last_runtime(lambda: ext.reset_stats(set_id), "jaxcache.reset_stats()")
 
 
-def cache_layout() -> dict[str, int]:
-    """The response cache's {name: bit}; identical on every rank."""
-    return dict(_last_runtime(ext.cache_layout, "jaxcache.cache_layout()"))
+def cache_layout(process_set=None) -> dict[str, int]:
+    """The response cache's {name: bit} (of one process set); identical on its ranks."""
+    set_id = _set_id(process_set, "cache_layout")
+    return dict(_last_runtime(lambda: ext.cache_layout(set_id), "jaxcache.cache_layout()"))

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "reduce_ops.h"
 
@@ -43,22 +44,60 @@ Comm::~Comm() {
   if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
-void Comm::PostCycle(void* buf, MPI_Datatype type, MPI_Op op) {
-  Check(MPI_Iallreduce(MPI_IN_PLACE, buf, 1, type, op, comm_, &cycle_), "MPI_Iallreduce");
-  cycle_posted_at_ = std::chrono::steady_clock::now();
+namespace {
+// Tests the requests; an error completes them (the caller rethrows it where the
+// step that started them can handle it) and is returned in `*error`.
+bool TestAll(int n, MPI_Request* reqs, std::string* error) {
+  int done = 0;
+  int rc = MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+  if (rc == MPI_SUCCESS) return done != 0;
+  try {
+    Check(rc, "completing an MPI call");
+  } catch (const std::exception& e) {
+    *error = e.what();
+  }
+  for (int i = 0; i < n; ++i)
+    if (reqs[i] != MPI_REQUEST_NULL) MPI_Request_free(&reqs[i]);
+  return true;
+}
+}  // namespace
+
+bool Comm::Parked::await_ready() { return TestAll(n, comm.reqs_, &comm.completion_error_); }
+
+void Comm::Parked::await_resume() {
+  if (comm.completion_error_.empty()) return;
+  throw std::runtime_error(std::exchange(comm.completion_error_, std::string()));
 }
 
-bool Comm::TestCycle() {
-  int done = 0;
-  Check(MPI_Test(&cycle_, &done, MPI_STATUS_IGNORE), "MPI_Test");
-  if (done) return true;
-  CheckAbandoned("the negotiation cycle");
-  if (abort_timeout_s_ > 0) {
-    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - cycle_posted_at_).count();
-    // Idle peers answer every heartbeat, so silence this long means a peer is gone.
-    if (waited > abort_timeout_s_) AbortUnanswered("the negotiation cycle", waited);
+void Comm::Parked::await_suspend(std::coroutine_handle<> h) {
+  comm.waiter_ = h;
+  comm.parked_n_ = n;
+  comm.parked_what_ = what;
+  comm.parked_on_ = wait;
+  comm.parked_at_ = std::chrono::steady_clock::now();
+}
+
+bool Comm::Poll() {
+  if (!waiter_) return false;
+  if (!TestAll(parked_n_, reqs_, &completion_error_)) {
+    CheckAbandoned(parked_what_);
+    if (abort_timeout_s_ > 0) {
+      double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - parked_at_).count();
+      // Idle peers answer every heartbeat, so silence this long means a peer is gone.
+      if (waited > abort_timeout_s_) AbortUnanswered(parked_what_, waited);
+    }
+    return false;
   }
-  return false;
+  auto h = std::exchange(waiter_, nullptr);
+  parked_n_ = 0;
+  h.resume();
+  return true;
+}
+
+template <typename Start>
+Task<> Comm::Run(const char* what, Start start) {
+  Check(start(&reqs_[0]), what);
+  co_await Await(1, what);
 }
 
 void Comm::CheckAbandoned(const char* what) const {
@@ -77,125 +116,100 @@ void Comm::AbortUnanswered(const char* what, double waited) {
   std::abort();
 }
 
-void Comm::WaitWatched(MPI_Request* reqs, const char* what, int n) {
-  auto start = std::chrono::steady_clock::now();
-  int done = 0;
-  for (unsigned spins = 1;; ++spins) {
-    Check(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
-    if (done) return;
-    if (spins % 4096 == 0) {
-      CheckAbandoned(what);
-      double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (waited > abort_timeout_s_) AbortUnanswered(what, waited);
-    }
-  }
+Task<> Comm::CycleAllreduce(void* buf, MPI_Datatype type, MPI_Op op) {
+  Check(MPI_Iallreduce(MPI_IN_PLACE, buf, 1, type, op, comm_, &reqs_[0]), "MPI_Iallreduce");
+  co_await Await(1, "the negotiation cycle", Wait::kArrival);
 }
 
-template <typename Blocking, typename Start>
-void Comm::Collective(const char* what, Blocking&& blocking, Start&& start) {
-  if (abort_timeout_s_ > 0) {
-    MPI_Request req;
-    Check(start(&req), what);
-    WaitWatched(&req, what);
-  } else {
-    Check(blocking(), what);
-  }
+Task<> Comm::Allreduce(uint64_t* words, int count, MPI_Op op) {
+  co_await Run("MPI_Iallreduce", [&](MPI_Request* r) {
+    return MPI_Iallreduce(MPI_IN_PLACE, words, count, MPI_UINT64_T, op, comm_, r);
+  });
 }
 
-void Comm::Allreduce(uint64_t* words, int count, MPI_Op op) {
-  Check(MPI_Allreduce(MPI_IN_PLACE, words, count, MPI_UINT64_T, op, comm_), "MPI_Allreduce");
+Task<> Comm::AllreduceInt(int* value, MPI_Op op) {
+  co_await Run("MPI_Iallreduce", [&](MPI_Request* r) {
+    return MPI_Iallreduce(MPI_IN_PLACE, value, 1, MPI_INT, op, comm_, r);
+  });
 }
 
-void Comm::AllreduceInt(int* value, MPI_Op op) {
-  Check(MPI_Allreduce(MPI_IN_PLACE, value, 1, MPI_INT, op, comm_), "MPI_Allreduce");
+Task<> Comm::AllgatherInt(int value, int* out) {
+  co_await Run("MPI_Iallgather", [&](MPI_Request* r) {
+    return MPI_Iallgather(&value, 1, MPI_INT, out, 1, MPI_INT, comm_, r);
+  });
 }
 
-void Comm::AllgatherInt(int value, int* out) {
-  Check(MPI_Allgather(&value, 1, MPI_INT, out, 1, MPI_INT, comm_), "MPI_Allgather");
-}
-
-std::vector<std::vector<char>> Comm::GatherBytes(const std::vector<char>& mine) {
+Task<std::vector<std::vector<char>>> Comm::GatherBytes(const std::vector<char>& mine) {
   int my_size = static_cast<int>(mine.size());
   std::vector<int> sizes(rank_ == 0 ? size_ : 0);
-  Check(MPI_Gather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm_), "MPI_Gather");
+  co_await Run("MPI_Igather", [&](MPI_Request* r) {
+    return MPI_Igather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm_, r);
+  });
   std::vector<int> displs;
   std::vector<char> all;
   if (rank_ == 0) {
     displs.resize(size_);
     int total = 0;
-    for (int r = 0; r < size_; ++r) { displs[r] = total; total += sizes[r]; }
+    for (int q = 0; q < size_; ++q) { displs[q] = total; total += sizes[q]; }
     all.resize(total);
   }
-  Check(MPI_Gatherv(mine.data(), my_size, MPI_BYTE, all.data(), sizes.data(), displs.data(),
-                    MPI_BYTE, 0, comm_),
-        "MPI_Gatherv");
+  co_await Run("MPI_Igatherv", [&](MPI_Request* r) {
+    return MPI_Igatherv(mine.data(), my_size, MPI_BYTE, all.data(), sizes.data(), displs.data(),
+                        MPI_BYTE, 0, comm_, r);
+  });
   std::vector<std::vector<char>> out;
   if (rank_ == 0) {
-    for (int r = 0; r < size_; ++r)
-      out.emplace_back(all.begin() + displs[r], all.begin() + displs[r] + sizes[r]);
+    for (int q = 0; q < size_; ++q)
+      out.emplace_back(all.begin() + displs[q], all.begin() + displs[q] + sizes[q]);
   }
-  return out;
+  co_return out;
 }
 
-void Comm::BroadcastBytes(std::vector<char>* bytes) {
+Task<> Comm::BroadcastBytes(std::vector<char>* bytes) {
   int n = static_cast<int>(bytes->size());
-  Check(MPI_Bcast(&n, 1, MPI_INT, 0, comm_), "MPI_Bcast");
+  co_await Run("MPI_Ibcast", [&](MPI_Request* r) { return MPI_Ibcast(&n, 1, MPI_INT, 0, comm_, r); });
   bytes->resize(n);
-  if (n > 0) Check(MPI_Bcast(bytes->data(), n, MPI_BYTE, 0, comm_), "MPI_Bcast");
+  if (n > 0)
+    co_await Run("MPI_Ibcast", [&](MPI_Request* r) {
+      return MPI_Ibcast(bytes->data(), n, MPI_BYTE, 0, comm_, r);
+    });
 }
 
-void Comm::AllreduceData(const void* in, void* out, int64_t count, DType dtype, ReduceOp op) {
+Task<> Comm::AllreduceData(const void* in, void* out, int64_t count, DType dtype, ReduceOp op) {
   MPI_Datatype type = MpiDatatype(dtype);
-  MPI_Op mpi_op = MpiOp(dtype, op);
+  MPI_Op mpi_op = MpiOp(dtype, Reduction(op));
   std::size_t esize = ElementSize(dtype);
   for (int64_t off = 0; off < count; off += max_count_) {
     int n = static_cast<int>(std::min(max_count_, count - off));
     char* o = static_cast<char*>(out) + off * esize;
     const void* i = in == out ? MPI_IN_PLACE : static_cast<const char*>(in) + off * esize;
-    if (abort_timeout_s_ > 0) {
-      MPI_Request req;
-      Check(MPI_Iallreduce(i, o, n, type, mpi_op, comm_, &req), "MPI_Iallreduce");
-      WaitWatched(&req, "an allreduce");
-    } else {
-      Check(MPI_Allreduce(i, o, n, type, mpi_op, comm_), "MPI_Allreduce");
-    }
+    co_await Run("MPI_Iallreduce", [&](MPI_Request* r) {
+      return MPI_Iallreduce(i, o, n, type, mpi_op, comm_, r);
+    });
   }
 }
 
-void Comm::BroadcastData(void* buf, int64_t bytes, int root) {
+Task<> Comm::BroadcastData(void* buf, int64_t bytes, int root) {
   for (int64_t off = 0; off < bytes; off += max_count_) {
     int n = static_cast<int>(std::min(max_count_, bytes - off));
     char* p = static_cast<char*>(buf) + off;
-    if (abort_timeout_s_ > 0) {
-      MPI_Request req;
-      Check(MPI_Ibcast(p, n, MPI_BYTE, root, comm_, &req), "MPI_Ibcast");
-      WaitWatched(&req, "a broadcast");
-    } else {
-      Check(MPI_Bcast(p, n, MPI_BYTE, root, comm_), "MPI_Bcast");
-    }
+    co_await Run("MPI_Ibcast", [&](MPI_Request* r) { return MPI_Ibcast(p, n, MPI_BYTE, root, comm_, r); });
   }
 }
 
-void Comm::AllgatherData(const void* in, void* out, int64_t bytes_per_rank) {
-  if (bytes_per_rank <= max_count_ && abort_timeout_s_ > 0) {
-    MPI_Request req;
-    Check(MPI_Iallgather(in, static_cast<int>(bytes_per_rank), MPI_BYTE, out,
-                         static_cast<int>(bytes_per_rank), MPI_BYTE, comm_, &req),
-          "MPI_Iallgather");
-    WaitWatched(&req, "an allgather");
-    return;
-  }
+Task<> Comm::AllgatherData(const void* in, void* out, int64_t bytes_per_rank) {
   if (bytes_per_rank <= max_count_) {
-    Check(MPI_Allgather(in, static_cast<int>(bytes_per_rank), MPI_BYTE, out,
-                        static_cast<int>(bytes_per_rank), MPI_BYTE, comm_),
-          "MPI_Allgather");
-    return;
+    const int n = static_cast<int>(bytes_per_rank);
+    co_await Run("MPI_Iallgather", [&](MPI_Request* r) {
+      return MPI_Iallgather(in, n, MPI_BYTE, out, n, MPI_BYTE, comm_, r);
+    });
+    co_return;
   }
   // Large blocks: one broadcast per rank, chunked.
-  for (int r = 0; r < size_; ++r) {
-    char* block = static_cast<char*>(out) + r * bytes_per_rank;
-    if (r == rank_ && block != in) std::copy_n(static_cast<const char*>(in), bytes_per_rank, block);
-    BroadcastData(block, bytes_per_rank, r);
+  for (int q = 0; q < size_; ++q) {
+    char* block = static_cast<char*>(out) + q * bytes_per_rank;
+    if (q == rank_ && block != in) std::copy_n(static_cast<const char*>(in), bytes_per_rank, block);
+    co_await BroadcastData(block, bytes_per_rank, q);
   }
 }
 
@@ -226,94 +240,79 @@ bool AllEqual(const std::vector<int64_t>& v) {
 }
 }  // namespace
 
-void Comm::AllgathervData(const void* in, void* out, const std::vector<int64_t>& bytes) {
+Task<> Comm::AllgathervData(const void* in, void* out, const std::vector<int64_t>& bytes) {
   if (!in) in = &empty_send;
   if (Sum(bytes) <= max_count_) {
     std::vector<int> displs;
     std::vector<int> counts = IntCounts(bytes, &displs);
-    Collective(
-        "MPI_Allgatherv",
-        [&] {
-          return MPI_Allgatherv(in, counts[rank_], MPI_BYTE, out, counts.data(), displs.data(),
-                                MPI_BYTE, comm_);
-        },
-        [&](MPI_Request* req) {
-          return MPI_Iallgatherv(in, counts[rank_], MPI_BYTE, out, counts.data(), displs.data(),
-                                 MPI_BYTE, comm_, req);
-        });
-    return;
+    co_await Run("MPI_Iallgatherv", [&](MPI_Request* r) {
+      return MPI_Iallgatherv(in, counts[rank_], MPI_BYTE, out, counts.data(), displs.data(),
+                             MPI_BYTE, comm_, r);
+    });
+    co_return;
   }
   // Large: one chunked broadcast per rank.
   int64_t off = 0;
-  for (int r = 0; r < size_; ++r) {
+  for (int q = 0; q < size_; ++q) {
     char* block = static_cast<char*>(out) + off;
-    if (r == rank_ && bytes[r] > 0) std::copy_n(static_cast<const char*>(in), bytes[r], block);
-    BroadcastData(block, bytes[r], r);
-    off += bytes[r];
+    if (q == rank_ && bytes[q] > 0) std::copy_n(static_cast<const char*>(in), bytes[q], block);
+    co_await BroadcastData(block, bytes[q], q);
+    off += bytes[q];
   }
 }
 
-void Comm::ReducescatterData(const void* in, void* out, const std::vector<int64_t>& counts,
-                             DType dtype, ReduceOp op) {
+Task<> Comm::ReducescatterData(const void* in, void* out, const std::vector<int64_t>& counts,
+                               DType dtype, ReduceOp op) {
   MPI_Datatype type = MpiDatatype(dtype);
-  MPI_Op mpi_op = MpiOp(dtype, op);
+  MPI_Op mpi_op = MpiOp(dtype, Reduction(op));
   if (Sum(counts) <= max_count_) {
     if (AllEqual(counts)) {
       const int n = static_cast<int>(counts[0]);
-      Collective(
-          "MPI_Reduce_scatter_block",
-          [&] { return MPI_Reduce_scatter_block(in, out, n, type, mpi_op, comm_); },
-          [&](MPI_Request* req) { return MPI_Ireduce_scatter_block(in, out, n, type, mpi_op, comm_, req); });
+      co_await Run("MPI_Ireduce_scatter_block", [&](MPI_Request* r) {
+        return MPI_Ireduce_scatter_block(in, out, n, type, mpi_op, comm_, r);
+      });
     } else {
       std::vector<int> displs;
       std::vector<int> c = IntCounts(counts, &displs);
-      Collective(
-          "MPI_Reduce_scatter",
-          [&] { return MPI_Reduce_scatter(in, out, c.data(), type, mpi_op, comm_); },
-          [&](MPI_Request* req) { return MPI_Ireduce_scatter(in, out, c.data(), type, mpi_op, comm_, req); });
+      co_await Run("MPI_Ireduce_scatter", [&](MPI_Request* r) {
+        return MPI_Ireduce_scatter(in, out, c.data(), type, mpi_op, comm_, r);
+      });
     }
-    return;
+    co_return;
   }
   // Large: each rank's block reduced to it, in chunks.
   const std::size_t esize = ElementSize(dtype);
   int64_t block = 0;
-  for (int r = 0; r < size_; ++r) {
-    for (int64_t off = 0; off < counts[r]; off += max_count_) {
-      const int n = static_cast<int>(std::min(max_count_, counts[r] - off));
+  for (int q = 0; q < size_; ++q) {
+    for (int64_t off = 0; off < counts[q]; off += max_count_) {
+      const int n = static_cast<int>(std::min(max_count_, counts[q] - off));
       const char* i = static_cast<const char*>(in) + (block + off) * esize;
-      char* o = r == rank_ ? static_cast<char*>(out) + off * esize : nullptr;
-      Collective(
-          "MPI_Reduce", [&] { return MPI_Reduce(i, o, n, type, mpi_op, r, comm_); },
-          [&](MPI_Request* req) { return MPI_Ireduce(i, o, n, type, mpi_op, r, comm_, req); });
+      char* o = q == rank_ ? static_cast<char*>(out) + off * esize : nullptr;
+      co_await Run("MPI_Ireduce", [&](MPI_Request* r) {
+        return MPI_Ireduce(i, o, n, type, mpi_op, q, comm_, r);
+      });
     }
-    block += counts[r];
+    block += counts[q];
   }
 }
 
-void Comm::AlltoallData(const void* in, const std::vector<int64_t>& send, void* out,
-                        const std::vector<int64_t>& recv, int64_t largest) {
+Task<> Comm::AlltoallData(const void* in, const std::vector<int64_t>& send, void* out,
+                          const std::vector<int64_t>& recv, int64_t largest) {
   if (std::max(Sum(send), Sum(recv)) <= max_count_) {
     if (AllEqual(send) && AllEqual(recv) && send[0] == recv[0]) {
       const int n = static_cast<int>(send[0]);
-      Collective(
-          "MPI_Alltoall",
-          [&] { return MPI_Alltoall(in, n, MPI_BYTE, out, n, MPI_BYTE, comm_); },
-          [&](MPI_Request* req) { return MPI_Ialltoall(in, n, MPI_BYTE, out, n, MPI_BYTE, comm_, req); });
-      return;
+      co_await Run("MPI_Ialltoall", [&](MPI_Request* r) {
+        return MPI_Ialltoall(in, n, MPI_BYTE, out, n, MPI_BYTE, comm_, r);
+      });
+      co_return;
     }
     std::vector<int> sdispls, rdispls;
     std::vector<int> scounts = IntCounts(send, &sdispls), rcounts = IntCounts(recv, &rdispls);
-    Collective(
-        "MPI_Alltoallv",
-        [&] {
-          return MPI_Alltoallv(in, scounts.data(), sdispls.data(), MPI_BYTE, out, rcounts.data(),
-                               rdispls.data(), MPI_BYTE, comm_);
-        },
-        [&](MPI_Request* req) {
-          return MPI_Ialltoallv(in, scounts.data(), sdispls.data(), MPI_BYTE, out, rcounts.data(),
-                                rdispls.data(), MPI_BYTE, comm_, req);
-        });
-    return;
+    co_await Run("MPI_Ialltoallv", [&](MPI_Request* r) {
+      return MPI_Ialltoallv(in, scounts.data(), sdispls.data(), MPI_BYTE, out, rcounts.data(),
+                            rdispls.data(), MPI_BYTE, comm_, r);
+    });
+    co_return;
   }
   // Large: pairwise exchanges in rounds, in chunks of at most max_count bytes.
   // Every rank runs as many chunks as the largest pair needs (shorter pairs
@@ -336,11 +335,9 @@ void Comm::AlltoallData(const void* in, const std::vector<int64_t>& send, void* 
         if (sn > 0) std::copy_n(src + soff[to] + at, sn, dst + roff[from] + at);
         continue;
       }
-      MPI_Request reqs[2];
-      Check(MPI_Irecv(dst + roff[from] + at, rn, MPI_BYTE, from, 0, comm_, &reqs[0]), "MPI_Irecv");
-      Check(MPI_Isend(src + soff[to] + at, sn, MPI_BYTE, to, 0, comm_, &reqs[1]), "MPI_Isend");
-      if (abort_timeout_s_ > 0) WaitWatched(reqs, "an alltoall", 2);
-      else Check(MPI_Waitall(2, reqs, MPI_STATUSES_IGNORE), "MPI_Waitall");
+      Check(MPI_Irecv(dst + roff[from] + at, rn, MPI_BYTE, from, 0, comm_, &reqs_[0]), "MPI_Irecv");
+      Check(MPI_Isend(src + soff[to] + at, sn, MPI_BYTE, to, 0, comm_, &reqs_[1]), "MPI_Isend");
+      co_await Await(2, "an alltoall");
     }
   }
 }

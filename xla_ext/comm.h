@@ -1,23 +1,34 @@
-// The MPI side of the runtime. Only the background thread calls into a Comm.
-// The communicator is a duplicate of the user's, so user MPI traffic never
-// matches ours.
+// The MPI side of one process set. The communicator is a duplicate of the
+// user's, so user MPI traffic never matches ours.
+//
+// Every collective is a nonblocking call awaited by a coroutine (task.h): the
+// coroutine parks its request here and the driver calls Poll(), which tests it
+// and resumes the coroutine once it completed. Only the thread driving the
+// set (under its driver lock) touches a Comm.
 #pragma once
 
 #include <mpi.h>
 
 #include <atomic>
 #include <chrono>
+#include <coroutine>
 #include <cstdint>
 #include <stdexcept>
-#include <functional>
+#include <string>
 #include <vector>
 
 #include "common.h"
+#include "task.h"
 
 namespace jaxcache {
 
 class Comm {
  public:
+  // What a parked request waits for: the other ranks to arrive (a cycle's
+  // allreduce may wait a heartbeat or more), or data moving between ranks that
+  // are all in the same step (worth polling without sleeping).
+  enum class Wait { kArrival, kTransfer };
+
   // Duplicates `user_comm` (collective over it). Data movement splits counts
   // above `max_count` elements into several calls.
   Comm(MPI_Comm user_comm, int64_t max_count);
@@ -29,63 +40,81 @@ class Comm {
   int size() const { return size_; }
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
+  MPI_Comm handle() const { return comm_; }
+  int64_t max_count() const { return max_count_; }
 
-  // The cycle's allreduce: posted by one thread, tested by whichever thread
-  // drives the runtime next (in place, one element of `type`).
-  void PostCycle(void* buf, MPI_Datatype type, MPI_Op op);
-  bool cycle_posted() const { return cycle_ != MPI_REQUEST_NULL; }
-  // True once every rank has joined the posted cycle. Watches the abort
+  // --- driving --------------------------------------------------------------
+  bool parked() const { return static_cast<bool>(waiter_); }
+  Wait parked_on() const { return parked_on_; }
+  // Tests the parked request; if it completed, resumes its coroutine (which
+  // runs until it parks again or finishes) and returns true. Watches the abort
   // deadline and the abandon flag (AbandonedError).
-  bool TestCycle();
-  void Allreduce(uint64_t* words, int count, MPI_Op op);
-  void AllreduceInt(int* value, MPI_Op op);
-  // out[r] = rank r's value.
-  void AllgatherInt(int value, int* out);
+  bool Poll();
 
+  // --- awaitable steps ------------------------------------------------------
+  // The cycle's allreduce: one element of `type`, in place.
+  Task<> CycleAllreduce(void* buf, MPI_Datatype type, MPI_Op op);
+  Task<> Allreduce(uint64_t* words, int count, MPI_Op op);
+  Task<> AllreduceInt(int* value, MPI_Op op);
+  // out[r] = rank r's value.
+  Task<> AllgatherInt(int value, int* out);
   // Rank 0 receives every rank's bytes (empty on other ranks).
-  std::vector<std::vector<char>> GatherBytes(const std::vector<char>& mine);
+  Task<std::vector<std::vector<char>>> GatherBytes(const std::vector<char>& mine);
   // Rank 0's bytes reach every rank.
-  void BroadcastBytes(std::vector<char>* bytes);
+  Task<> BroadcastBytes(std::vector<char>* bytes);
 
   // Data movement. Counts may exceed INT_MAX: split into chunks.
-  void AllreduceData(const void* in, void* out, int64_t count, DType dtype, ReduceOp op);
-  void BroadcastData(void* buf, int64_t bytes, int root);
-  void AllgatherData(const void* in, void* out, int64_t bytes_per_rank);
+  Task<> AllreduceData(const void* in, void* out, int64_t count, DType dtype, ReduceOp op);
+  Task<> BroadcastData(void* buf, int64_t bytes, int root);
+  Task<> AllgatherData(const void* in, void* out, int64_t bytes_per_rank);
   // Rank r contributes bytes[r] (this rank's from `in`); out holds them all in rank order.
-  void AllgathervData(const void* in, void* out, const std::vector<int64_t>& bytes);
+  Task<> AllgathervData(const void* in, void* out, const std::vector<int64_t>& bytes);
   // Reduces `in` (sum of counts elements) over the ranks; this rank receives
   // block `rank` (counts[rank] elements) in `out`.
-  void ReducescatterData(const void* in, void* out, const std::vector<int64_t>& counts,
-                         DType dtype, ReduceOp op);
+  Task<> ReducescatterData(const void* in, void* out, const std::vector<int64_t>& counts,
+                           DType dtype, ReduceOp op);
   // Sends send[d] bytes to each rank d (consecutive blocks of `in`) and
   // receives recv[s] bytes from each rank s (consecutive blocks of `out`).
   // `largest`: the largest number of bytes any rank sends any rank.
-  void AlltoallData(const void* in, const std::vector<int64_t>& send, void* out,
-                    const std::vector<int64_t>& recv, int64_t largest);
+  Task<> AlltoallData(const void* in, const std::vector<int64_t>& send, void* out,
+                      const std::vector<int64_t>& recv, int64_t largest);
 
-  MPI_Comm handle() const { return comm_; }
-
-  // When > 0, a collective that gets no answer for this long means a peer is
+  // When > 0, a request that gets no answer for this long means a peer is
   // gone (dead process, failed link): the job is aborted instead of hanging.
-  // Data movement then uses nonblocking calls so that it can be watched too.
   void SetAbortTimeout(double seconds) { abort_timeout_s_ = seconds; }
-  // Once `*flag` is set, polled waits stop with AbandonedError: a shutdown
-  // that gave up on unresponsive peers must not leave the thread inside MPI.
+  // Once `*flag` is set, Poll() stops with AbandonedError: a shutdown that gave
+  // up on unresponsive peers must not leave the runtime waiting inside MPI.
   void SetAbandonFlag(const std::atomic<bool>* flag) { abandon_ = flag; }
-  int64_t max_count() const { return max_count_; }
 
  private:
-  // Spins on `reqs` (data movement needs MPI progress), watching the deadline.
-  void WaitWatched(MPI_Request* reqs, const char* what, int n = 1);
-  // One collective call: blocking, or nonblocking and watched when an abort
-  // timeout is set (`start` begins the nonblocking call).
-  template <typename Blocking, typename Start>
-  void Collective(const char* what, Blocking&& blocking, Start&& start);
+  // Awaiting it parks the requests in reqs_[0, n) (already started) until Poll()
+  // sees them complete; a request that completed at once does not park.
+  struct Parked {
+    Comm& comm;
+    int n;
+    const char* what;
+    Wait wait;
+    bool await_ready();
+    void await_suspend(std::coroutine_handle<> h);
+    // Rethrows, inside the coroutine, an error that completing the requests reported.
+    void await_resume();
+  };
+  Parked Await(int n, const char* what, Wait wait = Wait::kTransfer) { return {*this, n, what, wait}; }
+  // Starts one nonblocking call into reqs_[0] (`start` returns its MPI code) and awaits it.
+  template <typename Start>
+  Task<> Run(const char* what, Start start);
   [[noreturn]] void AbortUnanswered(const char* what, double waited);
   void CheckAbandoned(const char* what) const;
+
+  MPI_Request reqs_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  int parked_n_ = 0;
+  const char* parked_what_ = "";
+  Wait parked_on_ = Wait::kTransfer;
+  std::chrono::steady_clock::time_point parked_at_{};
+  std::coroutine_handle<> waiter_;
+  std::string completion_error_;  // from MPI_Testall, rethrown in the coroutine
+
   double abort_timeout_s_ = 0;
-  MPI_Request cycle_ = MPI_REQUEST_NULL;
-  std::chrono::steady_clock::time_point cycle_posted_at_{};
   int64_t max_count_;
   const std::atomic<bool>* abandon_ = nullptr;
   MPI_Comm comm_ = MPI_COMM_NULL;

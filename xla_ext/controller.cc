@@ -26,13 +26,14 @@ struct InjectedFault : std::runtime_error {
 }  // namespace
 
 Controller::Controller(Comm& comm, const Config& config, Stats& stats, Timeline& timeline,
-                       RequestTable& table, FaultInjector& faults)
+                       RequestTable& table, FaultInjector& faults, std::string scope)
     : comm_(comm),
       config_(config),
       stats_(stats),
       timeline_(timeline),
       table_(table),
       faults_(faults),
+      scope_(std::move(scope)),
       cache_(static_cast<std::size_t>(config.cache_capacity)),
       messages_(comm.size()),
       join_(comm.rank(), comm.size()),
@@ -88,7 +89,7 @@ bool Controller::HasFault() {
   return !fault_.empty();
 }
 
-void Controller::BeginCycle(const CycleIntent& intent) {
+Task<CycleOutcome> Controller::Cycle(CycleIntent intent) {
   intent_ = intent;
   cycle_start_ = Clock::now();
   ++stats_.cycles;
@@ -119,26 +120,23 @@ void Controller::BeginCycle(const CycleIntent& intent) {
                                  HasFault(),                joined_here_};
   for (int f = 0; f < kNumFlags; ++f)
     if (local[f] == (f == kShutdownRequested)) SetBit(bits_, cap + f);
-  comm_.PostCycle(message_.data(), message_.datatype(), CycleMessage::op());
   ++stats_.bitvector_syncs;
-}
+  co_await comm_.CycleAllreduce(message_.data(), message_.datatype(), CycleMessage::op());
 
-CycleOutcome Controller::FinishCycle() {
   CycleOutcome out;
-  const std::size_t cap = cache_.capacity();
   uint64_t* bits = bits_;
   auto any = [&](Flag f) { return !GetBit(bits, cap + f); };
 
   if (any(kShutdownForced) || GetBit(bits, cap + kShutdownRequested)) {
-    Shutdown(any(kShutdownForced), intent_.shutdown_requested, &out);
+    co_await Shutdown(any(kShutdownForced), intent_.shutdown_requested, &out);
     stats_.AddNegotiation(Since(cycle_start_));
-    return out;
+    co_return out;
   }
   if (any(kFault) || any(kStallShutdown)) {
-    CancelRound(any(kFault) ? CancelCause::kFault : CancelCause::kStall);
+    co_await CancelRound(any(kFault) ? CancelCause::kFault : CancelCause::kStall);
     out.progress = true;
     stats_.AddNegotiation(Since(cycle_start_));
-    return out;
+    co_return out;
   }
 
   // (After the cancel round, which fails them with everything else.)
@@ -153,7 +151,7 @@ CycleOutcome Controller::FinishCycle() {
 
   if (any(kJoined)) {
     auto mask = join_.Mask(joined_here_);
-    comm_.Allreduce(mask.data(), static_cast<int>(mask.size()), MPI_BOR);
+    co_await comm_.Allreduce(mask.data(), static_cast<int>(mask.size()), MPI_BOR);
     join_.Update(mask.data());
   } else if (join_.any()) {
     join_.Update(nullptr);
@@ -164,14 +162,14 @@ CycleOutcome Controller::FinishCycle() {
     out.work.push_back(join_.Finish());
     out.progress = true;
     stats_.AddNegotiation(Since(cycle_start_));
-    return out;
+    co_return out;
   }
 
   if (any(kInvalid)) {
     std::vector<uint64_t> inv((cap + 63) / 64, 0);
     for (uint32_t b : invalid_) SetBit(inv.data(), b);
     invalid_.clear();
-    comm_.Allreduce(inv.data(), static_cast<int>(inv.size()), MPI_BOR);
+    co_await comm_.Allreduce(inv.data(), static_cast<int>(inv.size()), MPI_BOR);
     for (uint32_t b = 0; b < cap; ++b) {
       if (!GetBit(inv.data(), b)) continue;
       bits[b / 64] &= ~(1ull << (b % 64));  // an invalidated entry is no hit
@@ -214,22 +212,22 @@ CycleOutcome Controller::FinishCycle() {
   }
 
   // New joiners may complete submissions that rank 0 holds: it rescans them.
-  if ((any(kUncached) || join_.grew()) && !CoordinatorRound(&out, joined_here_)) {
+  if ((any(kUncached) || join_.grew()) && !(co_await CoordinatorRound(&out, joined_here_))) {
     // Some rank could not complete the round: nothing decided in this cycle
     // may run anywhere. The cancel round fails it all, on every rank alike.
     out.done.clear();
     out.work.clear();
     out.failed.clear();
-    CancelRound(CancelCause::kFault);
+    co_await CancelRound(CancelCause::kFault);
     out.progress = true;
     stats_.AddNegotiation(Since(cycle_start_));
-    return out;
+    co_return out;
   }
-  if (any(kStallReport)) StallReport();
+  if (any(kStallReport)) co_await StallReport();
 
   out.progress = !out.work.empty() || !out.failed.empty() || !out.done.empty();
   stats_.AddNegotiation(Since(cycle_start_));
-  return out;
+  co_return out;
 }
 
 void Controller::Decide(Request* req, const std::shared_ptr<const Agreement>& agreement,
@@ -306,13 +304,16 @@ std::vector<char> Controller::MatchRequests(const std::vector<std::vector<char>>
       Signature sig = rd.Sig();
       timeline_.NegotiateBegin(name, "coordinator");
       timeline_.Instant(name, "rank " + std::to_string(r) + " ready");
-      if (auto resp = messages_.Add(r, name, seq, sig)) WriteResponse(rw, *resp);
+      if (auto resp = messages_.Add(r, name, seq, sig)) {
+        if (!resp->status.ok()) resp->status.message += scope_;
+        WriteResponse(rw, *resp);
+      }
     }
   }
   return std::move(rw.buffer());
 }
 
-bool Controller::CoordinatorRound(CycleOutcome* out, bool joined_here) {
+Task<bool> Controller::CoordinatorRound(CycleOutcome* out, bool joined_here) {
   ++stats_.coordinator_rounds;
   std::string fault;
   Writer w;
@@ -323,7 +324,7 @@ bool Controller::CoordinatorRound(CycleOutcome* out, bool joined_here) {
     sent_[req->name] = req;
   }
   unsent_.clear();
-  auto gathered = comm_.GatherBytes(w.buffer());
+  auto gathered = co_await comm_.GatherBytes(w.buffer());
   if (faults_.Fire(FaultPoint::kCoordinator)) fault = "the coordinator round (injected fault)";
 
   std::vector<char> response_bytes;
@@ -335,7 +336,7 @@ bool Controller::CoordinatorRound(CycleOutcome* out, bool joined_here) {
       response_bytes.assign(1, 0);  // "no decision": every rank still takes part in the bcast
     }
   }
-  comm_.BroadcastBytes(&response_bytes);
+  co_await comm_.BroadcastBytes(&response_bytes);
 
   // Decode without side effects; apply only once every rank has decoded.
   std::vector<Response> responses;
@@ -351,9 +352,9 @@ bool Controller::CoordinatorRound(CycleOutcome* out, bool joined_here) {
     }
   }
   int ok = fault.empty() ? 1 : 0;
-  comm_.AllreduceInt(&ok, MPI_MIN);  // the commit
+  co_await comm_.AllreduceInt(&ok, MPI_MIN);  // the commit
   if (!fault.empty()) ReportFault("rank " + std::to_string(comm_.rank()) + ": " + fault);
-  if (!ok) return false;
+  if (!ok) co_return false;
 
   bool cache_changed = false;
   for (Response& resp : responses) {
@@ -385,7 +386,7 @@ bool Controller::CoordinatorRound(CycleOutcome* out, bool joined_here) {
     Decide(req, resp.agreement, out);
   }
   if (cache_changed) PublishLayout();
-  return true;
+  co_return true;
 }
 
 void Controller::EraseFromCache(uint32_t bit) {
@@ -412,13 +413,13 @@ void Controller::InsertIntoCache(const std::string& name, const Signature& sig,
   eviction_warned_ = true;
 }
 
-void Controller::Shutdown(bool forced, bool requested_here, CycleOutcome* out) {
+Task<> Controller::Shutdown(bool forced, bool requested_here, CycleOutcome* out) {
   std::string message = "jaxcache: the runtime was shut down (shutdown() was called on every rank)";
   if (forced) {
     // Everyone learns which ranks never asked, so the message can say so.
     std::vector<int> requested(comm_.size(), 0);
     int mine = requested_here ? 1 : 0;
-    comm_.AllgatherInt(mine, requested.data());
+    co_await comm_.AllgatherInt(mine, requested.data());
     std::vector<int> missing;
     for (int r = 0; r < comm_.size(); ++r)
       if (!requested[r]) missing.push_back(r);
@@ -433,7 +434,7 @@ void Controller::Shutdown(bool forced, bool requested_here, CycleOutcome* out) {
   FailAll(out->shutdown_status, out);
 }
 
-void Controller::CancelRound(CancelCause cause) {
+Task<> Controller::CancelRound(CancelCause cause) {
   ++stats_.cancellations;
   std::string mine;
   {
@@ -448,7 +449,7 @@ void Controller::CancelRound(CancelCause cause) {
     w.Str(name);
     w.I64(static_cast<int64_t>(seq));
   }
-  auto gathered = comm_.GatherBytes(w.buffer());
+  auto gathered = co_await comm_.GatherBytes(w.buffer());
 
   std::vector<char> decision;
   if (comm_.rank() == 0) {
@@ -471,7 +472,7 @@ void Controller::CancelRound(CancelCause cause) {
     Status why;
     if (cause == CancelCause::kStall) {
       why = Status::Error(ErrorKind::kStall,
-                          StallInspector::Report(names_by_rank, config_.stall_shutdown_s, true));
+                          StallInspector::Report(names_by_rank, config_.stall_shutdown_s, true) + scope_);
       std::fprintf(stderr, "%s\n", why.message.c_str());
     } else {
       why = Status::Error(ErrorKind::kInternal,
@@ -489,7 +490,7 @@ void Controller::CancelRound(CancelCause cause) {
     }
     decision = std::move(dw.buffer());
   }
-  comm_.BroadcastBytes(&decision);
+  co_await comm_.BroadcastBytes(&decision);
 
   Reader rd(decision.data(), decision.size());
   Status why;
@@ -527,7 +528,7 @@ void Controller::Reset() {
   PublishLayout();
 }
 
-void Controller::StallReport() {
+Task<> Controller::StallReport() {
   Writer w;
   std::vector<std::string> mine;
   for (const auto& [bit, r] : cached_) mine.push_back(r->name);
@@ -535,7 +536,7 @@ void Controller::StallReport() {
   for (const auto& [name, r] : sent_) mine.push_back(name);
   w.U32(static_cast<uint32_t>(mine.size()));
   for (const auto& n : mine) w.Str(n);
-  auto gathered = comm_.GatherBytes(w.buffer());
+  auto gathered = co_await comm_.GatherBytes(w.buffer());
   if (comm_.rank() == 0) {
     std::vector<std::vector<std::string>> by_rank(comm_.size());
     for (int r = 0; r < comm_.size(); ++r) {
@@ -543,7 +544,7 @@ void Controller::StallReport() {
       uint32_t n = rd.U32();
       for (uint32_t i = 0; i < n; ++i) by_rank[r].push_back(rd.Str());
     }
-    std::string text = StallInspector::Report(by_rank, config_.stall_check_s, false);
+    std::string text = StallInspector::Report(by_rank, config_.stall_check_s, false) + scope_;
     std::fprintf(stderr, "%s\n", text.c_str());
   }
   ++stats_.stall_warnings;

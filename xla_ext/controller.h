@@ -2,8 +2,7 @@
 //   1. every rank sets the bits of its ready cached requests and the status
 //      flags, and puts the data of its small ready cached allreduces in their
 //      slots; ONE allreduce gives the common hits (the small ones already
-//      reduced) and the flags. It is posted by BeginCycle and completed by
-//      whichever thread drives the runtime (TestCycle, FinishCycle);
+//      reduced) and the flags;
 //   2. shutdown when every rank asked for it (or one gave up waiting);
 //   3. a cancel round when some rank saw a fault or a stall passed the
 //      shutdown bound: every rank fails the same pending submissions;
@@ -15,8 +14,10 @@
 //      into its cache in list order.
 // While some rank has joined (join_state.h), step 1 also yields the joined set
 // and joined ranks take part in the decided collectives through stand-ins.
-// The controller runs on the background thread only. It refers to requests
-// owned by the RequestTable and never completes them itself.
+// A cycle is a coroutine (task.h): each MPI step is a nonblocking call it
+// awaits, so the thread driving the process set can serve other sets while
+// this one waits. The controller refers to requests owned by the RequestTable
+// and never completes them itself.
 #pragma once
 
 #include <functional>
@@ -36,6 +37,7 @@
 #include "request_table.h"
 #include "response_cache.h"
 #include "stall_inspector.h"
+#include "task.h"
 #include "timeline.h"
 
 namespace jaxcache {
@@ -57,25 +59,22 @@ struct CycleIntent {
 
 class Controller {
  public:
+  // `scope`: appended to messages that name ranks ("" for the global set).
   Controller(Comm& comm, const Config& config, Stats& stats, Timeline& timeline,
-             RequestTable& table, FaultInjector& faults);
+             RequestTable& table, FaultInjector& faults, std::string scope = "");
 
   // Takes a newly active request (never while a cycle is posted).
   void Add(Request* req);
-  // Posts this rank's part of the next cycle.
-  void BeginCycle(const CycleIntent& intent);
-  bool cycle_posted() const { return comm_.cycle_posted(); }
-  // True once every rank has joined the posted cycle.
-  bool TestCycle() { return comm_.TestCycle(); }
-  // Everything after the allreduce; the remaining collective steps involve
-  // ranks that are all in this cycle, so they do not wait for arrivals.
-  CycleOutcome FinishCycle();
+  // One cycle: posts this rank's part, awaits the others, decides. The steps
+  // after the cycle's allreduce involve ranks that are all in this cycle.
+  Task<CycleOutcome> Cycle(CycleIntent intent);
   bool HasPending() const { return OtherPending() || join_.requested() || !rejected_.empty(); }
   bool HasFault();
   // A fault seen outside the cycle (data movement, completion): the next
   // cycle cancels every pending collective on every rank.
   void ReportFault(const std::string& what);
   std::unordered_map<std::string, uint32_t> CacheLayout() const;
+  const std::string& scope() const { return scope_; }
   // Every request this controller refers to (shutdown).
   void FailAll(const Status& status, CycleOutcome* out);
 
@@ -98,15 +97,15 @@ class Controller {
   void StandIn(const std::string& name, int64_t seq, const Signature& sig,
                const std::shared_ptr<const Agreement>& agreement, CycleOutcome* out);
   // False when some rank failed to complete the round (the commit said so).
-  bool CoordinatorRound(CycleOutcome* out, bool joined_here);
+  Task<bool> CoordinatorRound(CycleOutcome* out, bool joined_here);
   // Rank 0: matches the gathered requests; returns the response message.
   std::vector<char> MatchRequests(const std::vector<std::vector<char>>& gathered);
   void InsertIntoCache(const std::string& name, const Signature& sig,
                        const std::shared_ptr<const Agreement>& agreement);
   void EraseFromCache(uint32_t bit);
-  void Shutdown(bool forced, bool requested_here, CycleOutcome* out);
-  void CancelRound(CancelCause cause);
-  void StallReport();
+  Task<> Shutdown(bool forced, bool requested_here, CycleOutcome* out);
+  Task<> CancelRound(CancelCause cause);
+  Task<> StallReport();
   void Reset();
   Clock::time_point OldestPending() const;
   void PublishLayout();
@@ -117,6 +116,7 @@ class Controller {
   Timeline& timeline_;
   RequestTable& table_;
   FaultInjector& faults_;
+  const std::string scope_;
   ResponseCache cache_;
   CycleMessage message_;  // slots mirror the cache
   // The posted cycle: its intent, start, bitvector (inside message_).

@@ -126,40 +126,43 @@ ffi::Error RunStaged(cudaStream_t stream, const CollectiveCall& call, const Call
 
 ffi::Error AllreduceImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
                          ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size,
-                         int64_t op, double prescale, double postscale) {
+                         int64_t set, int64_t op, double prescale, double postscale) {
   return RunStaged(stream,
-                   {Kind::kAllreduce, world_size, static_cast<ReduceOp>(op), prescale, postscale, 0},
+                   {Kind::kAllreduce, world_size, int32_t(set), static_cast<ReduceOp>(op), prescale, postscale, 0},
                    *site, args, rets);
 }
 
 ffi::Error BroadcastImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
                          ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size,
-                         int64_t root) {
+                         int64_t set, int64_t root) {
   return RunStaged(stream,
-                   {Kind::kBroadcast, world_size, ReduceOp::kSum, 1.0, 1.0, static_cast<int32_t>(root)},
+                   {Kind::kBroadcast, world_size, int32_t(set), ReduceOp::kSum, 1.0, 1.0, static_cast<int32_t>(root)},
                    *site, args, rets);
 }
 
 ffi::Error AllgatherImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
-                         ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size) {
-  return RunStaged(stream, {Kind::kAllgather, world_size}, *site, args, rets);
+                         ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size,
+                         int64_t set) {
+  return RunStaged(stream, {Kind::kAllgather, world_size, int32_t(set)}, *site, args, rets);
 }
 
 ffi::Error ReducescatterImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
                              ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size,
-                             int64_t op, double prescale, double postscale) {
+                             int64_t set, int64_t op, double prescale, double postscale) {
   return RunStaged(stream,
-                   {Kind::kReducescatter, world_size, static_cast<ReduceOp>(op), prescale, postscale, 0},
+                   {Kind::kReducescatter, world_size, int32_t(set), static_cast<ReduceOp>(op), prescale, postscale, 0},
                    *site, args, rets);
 }
 
 ffi::Error AlltoallImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
-                        ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size) {
-  return RunStaged(stream, {Kind::kAlltoall, world_size}, *site, args, rets);
+                        ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size,
+                         int64_t set) {
+  return RunStaged(stream, {Kind::kAlltoall, world_size, int32_t(set)}, *site, args, rets);
 }
 
-ffi::Error RankImpl(cudaStream_t stream, ffi::Result<ffi::Buffer<ffi::S32>> out) {
-  auto rank = RunningRank();
+ffi::Error RankImpl(cudaStream_t stream, ffi::Result<ffi::Buffer<ffi::S32>> out,
+                    int64_t process_set) {
+  auto rank = RunningRank(process_set);
   if (rank.has_error()) return rank.error();
   // A copy from pageable memory returns once the source has been read.
   int32_t value = rank.value();
@@ -220,6 +223,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AlltoallCudaHandler, AlltoallImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RankCudaHandler, RankImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>());
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("process_set"));
 
 }  // namespace jaxcache

@@ -59,12 +59,19 @@ ffi::Future Failed(const Status& status) {
 }
 
 // What a program traced for one world size must not do on another.
-std::string CheckWorld(const std::string& name, int64_t traced_size, int size) {
+std::string CheckWorld(const std::string& name, int64_t traced_size, int size, int32_t set) {
   if (traced_size == size) return "";
+  std::string where = set == 0 ? "the runtime now has " : "process set " + std::to_string(set) + " now has ";
   return "jaxcache: collective '" + name + "' was traced for " + std::to_string(traced_size) +
-         " ranks but the runtime now has " + std::to_string(size) +
-         " (jaxcache.init() was called with another communicator since); trace the function "
+         " ranks but " + where + std::to_string(size) +
+         " (jaxcache.init() or add_process_set() was called again since); trace the function "
          "again, e.g. after jax.clear_caches()";
+}
+
+std::string NotAMember(int64_t set, int rank) {
+  return "jaxcache: process set " + std::to_string(set) +
+         " is not registered on rank " + std::to_string(rank) +
+         " (it was removed, or this rank is not a member)";
 }
 
 // Hands the request to the runtime; XLA:CPU resumes dependent work when the
@@ -87,37 +94,37 @@ ffi::Future Submit(const CollectiveCall& call, const CallSite& site, ffi::Remain
 }
 
 ffi::Future AllreduceImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                          std::string_view, int64_t, int64_t world_size, int64_t op,
+                          std::string_view, int64_t, int64_t world_size, int64_t set, int64_t op,
                           double prescale, double postscale) {
-  return Submit({Kind::kAllreduce, world_size, static_cast<ReduceOp>(op), prescale, postscale, 0},
+  return Submit({Kind::kAllreduce, world_size, int32_t(set), static_cast<ReduceOp>(op), prescale, postscale, 0},
                 *site, args, rets);
 }
 
 ffi::Future BroadcastImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                          std::string_view, int64_t, int64_t world_size, int64_t root) {
-  return Submit({Kind::kBroadcast, world_size, ReduceOp::kSum, 1.0, 1.0, static_cast<int32_t>(root)},
+                          std::string_view, int64_t, int64_t world_size, int64_t set, int64_t root) {
+  return Submit({Kind::kBroadcast, world_size, int32_t(set), ReduceOp::kSum, 1.0, 1.0, static_cast<int32_t>(root)},
                 *site, args, rets);
 }
 
 ffi::Future AllgatherImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                          std::string_view, int64_t, int64_t world_size) {
-  return Submit({Kind::kAllgather, world_size}, *site, args, rets);
+                          std::string_view, int64_t, int64_t world_size, int64_t set) {
+  return Submit({Kind::kAllgather, world_size, int32_t(set)}, *site, args, rets);
 }
 
 ffi::Future ReducescatterImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                              std::string_view, int64_t, int64_t world_size, int64_t op,
+                              std::string_view, int64_t, int64_t world_size, int64_t set, int64_t op,
                               double prescale, double postscale) {
-  return Submit({Kind::kReducescatter, world_size, static_cast<ReduceOp>(op), prescale, postscale, 0},
+  return Submit({Kind::kReducescatter, world_size, int32_t(set), static_cast<ReduceOp>(op), prescale, postscale, 0},
                 *site, args, rets);
 }
 
 ffi::Future AlltoallImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                         std::string_view, int64_t, int64_t world_size) {
-  return Submit({Kind::kAlltoall, world_size}, *site, args, rets);
+                         std::string_view, int64_t, int64_t world_size, int64_t set) {
+  return Submit({Kind::kAlltoall, world_size, int32_t(set)}, *site, args, rets);
 }
 
-ffi::Error RankImpl(ffi::Result<ffi::Buffer<ffi::S32>> out) {
-  auto rank = RunningRank();
+ffi::Error RankImpl(ffi::Result<ffi::Buffer<ffi::S32>> out, int64_t process_set) {
+  auto rank = RunningRank(process_set);
   if (rank.has_error()) return rank.error();
   *out->typed_data() = rank.value();
   return ffi::Error::Success();
@@ -148,13 +155,17 @@ PreparedRequest PrepareRequest(const CollectiveCall& call, const CallSite& site,
     return fail(ErrorKind::kShutdown,
                 "jaxcache is not initialized (call jaxcache.init() first) or has been shut "
                 "down; collective '" + name + "' cannot run");
-  const int size = p.runtime->comm().size();
-  std::string wrong_world = CheckWorld(name, call.world_size, size);
+  auto set = p.runtime->Set(call.process_set);
+  if (!set) return fail(ErrorKind::kInvalidArgument, NotAMember(call.process_set, p.runtime->comm().rank()) +
+                                                         "; collective '" + name + "' cannot run");
+  const int size = set->comm().size();
+  std::string wrong_world = CheckWorld(name, call.world_size, size, call.process_set);
   if (!wrong_world.empty()) return fail(ErrorKind::kInvalidArgument, wrong_world);
   if (args.size() != rets.size())
     return fail(ErrorKind::kInvalidArgument, "jaxcache: operand/result count mismatch in '" + name + "'");
   auto req = std::make_unique<Request>();
   req->name = name;
+  req->process_set = call.process_set;
   req->sig.kind = call.kind;
   req->sig.op = call.op;
   req->sig.prescale = call.prescale;
@@ -175,7 +186,7 @@ PreparedRequest PrepareRequest(const CollectiveCall& call, const CallSite& site,
     spec.dtype = *dtype;
     auto dims = in->dimensions();
     spec.shape.assign(dims.begin(), dims.end());
-    const std::size_t want = ResultBytes(call.kind, spec, p.runtime->comm().rank(), size);
+    const std::size_t want = ResultBytes(call.kind, spec, set->comm().rank(), size);
     if ((*out)->size_bytes() != want || (*out)->element_type() != in->element_type())
       return fail(ErrorKind::kInvalidArgument,
                   "jaxcache: result " + std::to_string(i) + " of '" + name + "' has " +
@@ -193,13 +204,18 @@ ffi::Error ToFfiError(const Status& status, ffi::ErrorCode code) {
   return ffi::Error(code, ErrorPrefix(status.kind) + status.message);
 }
 
-ffi::ErrorOr<int32_t> RunningRank() {
+ffi::ErrorOr<int32_t> RunningRank(int64_t process_set) {
   auto runtime = Runtime::Current();
   if (!runtime || !runtime->running())
     return ffi::Unexpected<ffi::Error>(ffi::Error(
         ffi::ErrorCode::kFailedPrecondition,
         "jaxcache.ShutdownError: jaxcache is not initialized (call jaxcache.init())"));
-  return runtime->comm().rank();
+  auto set = runtime->Set(static_cast<int32_t>(process_set));
+  if (!set)
+    return ffi::Unexpected<ffi::Error>(ffi::Error(
+        ffi::ErrorCode::kFailedPrecondition,
+        "jaxcache.CollectiveError: " + NotAMember(process_set, runtime->comm().rank())));
+  return set->comm().rank();
 }
 
 void* CpuCallSiteTypeId() { return &CpuCallSite::id; }
@@ -245,6 +261,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherHandler, AllgatherImpl,
                                   .RemainingArgs()
                                   .RemainingRets() JAXCACHE_FFI_COMMON_ATTRS);
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(RankHandler, RankImpl, ffi::Ffi::Bind().Ret<ffi::Buffer<ffi::S32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(RankHandler, RankImpl,
+                              ffi::Ffi::Bind().Ret<ffi::Buffer<ffi::S32>>().Attr<int64_t>("process_set"));
 
 }  // namespace jaxcache

@@ -52,24 +52,26 @@ xla::ffi::ErrorOr<std::unique_ptr<Site>> NewCallSite(std::string_view name, int6
 }
 template <typename Site>
 xla::ffi::ErrorOr<std::unique_ptr<Site>> InstantiateReduce(std::string_view name, int64_t program,
-                                                           int64_t, int64_t, double, double) {
+                                                           int64_t, int64_t, int64_t, double, double) {
   return NewCallSite<Site>(name, program);
 }
 template <typename Site>
 xla::ffi::ErrorOr<std::unique_ptr<Site>> InstantiateBroadcast(std::string_view name,
-                                                              int64_t program, int64_t, int64_t) {
+                                                              int64_t program, int64_t, int64_t,
+                                                              int64_t) {
   return NewCallSite<Site>(name, program);
 }
 template <typename Site>
 xla::ffi::ErrorOr<std::unique_ptr<Site>> InstantiateGather(std::string_view name, int64_t program,
-                                                           int64_t) {
+                                                           int64_t, int64_t) {
   return NewCallSite<Site>(name, program);
 }
 
 // What one custom call of a collective asks for, from its attributes.
 struct CollectiveCall {
   Kind kind = Kind::kAllreduce;
-  int64_t world_size = 0;  // the size the program was traced for
+  int64_t world_size = 0;  // the size of the set the program was traced for
+  int32_t process_set = 0;
   ReduceOp op = ReduceOp::kSum;
   double prescale = 1.0;
   double postscale = 1.0;
@@ -91,13 +93,17 @@ PreparedRequest PrepareRequest(const CollectiveCall& call, const CallSite& site,
 // Python exception class it maps to (jaxcache/errors.py).
 xla::ffi::Error ToFfiError(const Status& status, xla::ffi::ErrorCode code);
 
-// This process's rank, or an error when the runtime is not running.
-xla::ffi::ErrorOr<int32_t> RunningRank();
+// This process's rank in `process_set`, or an error when the runtime is not
+// running or this rank is not a member.
+xla::ffi::ErrorOr<int32_t> RunningRank(int64_t process_set);
 
 // Every attribute is bound at both stages and on every platform (XLA checks
 // the count).
 #define JAXCACHE_FFI_COMMON_ATTRS \
-  .Attr<std::string_view>("name").Attr<int64_t>("program").Attr<int64_t>("world_size")
+  .Attr<std::string_view>("name")              \
+      .Attr<int64_t>("program")                 \
+      .Attr<int64_t>("world_size")              \
+      .Attr<int64_t>("process_set")
 #define JAXCACHE_FFI_REDUCE_ATTRS \
   JAXCACHE_FFI_COMMON_ATTRS.Attr<int64_t>("op").Attr<double>("prescale").Attr<double>("postscale")
 #define JAXCACHE_FFI_BROADCAST_ATTRS JAXCACHE_FFI_COMMON_ATTRS.Attr<int64_t>("root")
@@ -112,7 +118,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(ReducescatterInstantiate);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(ReducescatterHandler);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AlltoallInstantiate);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(AlltoallHandler);
-// Synchronous: this process's rank, read when the program runs.
+// Synchronous: this process's rank in a process set, read when the program runs.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(RankHandler);
 
 }  // namespace jaxcache

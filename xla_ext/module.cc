@@ -132,6 +132,16 @@ std::shared_ptr<Runtime> Running() {
   return rt;
 }
 
+// Process set `id` of the running runtime; this rank must be a member.
+std::shared_ptr<ProcessSet> SetOf(const Runtime& rt, int32_t id) {
+  auto set = rt.Set(id);
+  if (!set)
+    throw std::invalid_argument("jaxcache: process set " + std::to_string(id) +
+                                " is not registered on this rank (removed, or this rank is not a "
+                                "member)");
+  return set;
+}
+
 std::shared_ptr<Handle> Track(RequestPtr req, std::shared_ptr<Runtime> rt) {
   auto handle = std::make_shared<Handle>();
   req->done = Completion([handle](const Status& st) { handle->Finish(st); }, /*cheap=*/true);
@@ -154,12 +164,14 @@ TensorSpec Spec(const InArray& a, const std::vector<int>& dtype_codes, std::size
 // have agreed on their sizes; read them with Handle.results().
 std::shared_ptr<Handle> SubmitAllocated(int kind, const std::string& name, std::vector<InArray> inputs,
                                         std::vector<int64_t> splits, std::vector<int> dtype_codes,
-                                        bool refuse_if_in_flight, int device) {
+                                        bool refuse_if_in_flight, int device, int32_t process_set) {
   if (kind != int(Kind::kAllgather) && kind != int(Kind::kAlltoall))
     throw std::invalid_argument("jaxcache: only allgather and alltoall allocate their outputs");
   auto rt = Running();
+  SetOf(*rt, process_set);
   auto req = std::make_unique<Request>();
   req->name = name;
+  req->process_set = process_set;
   req->sig.kind = static_cast<Kind>(kind);
   req->sig.device = static_cast<Device>(device);
   req->sig.splits = std::move(splits);
@@ -194,14 +206,16 @@ std::shared_ptr<Handle> SubmitArrays(int kind, const std::string& name,
                                      std::vector<InArray> inputs, std::vector<OutArray> outputs,
                                      int op, double prescale, double postscale, int root,
                                      std::vector<int> dtype_codes, bool refuse_if_in_flight,
-                                     int device) {
+                                     int device, int32_t process_set) {
   if (inputs.size() != outputs.size())
     throw std::invalid_argument("jaxcache: inputs and outputs differ in number");
   if (device != int(Device::kCpu) && device != int(Device::kCuda))
     throw std::invalid_argument("jaxcache: unknown device kind " + std::to_string(device));
   auto rt = Running();
+  const Comm& comm = SetOf(*rt, process_set)->comm();
   auto req = std::make_unique<Request>();
   req->name = name;
+  req->process_set = process_set;
   req->sig.kind = static_cast<Kind>(kind);
   req->sig.op = static_cast<ReduceOp>(op);
   req->sig.prescale = prescale;
@@ -215,7 +229,7 @@ std::shared_ptr<Handle> SubmitArrays(int kind, const std::string& name,
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     TensorSpec spec = Spec(inputs[i], dtype_codes, i);
     if (outputs[i].size() * outputs[i].itemsize() !=
-        ResultBytes(req->sig.kind, spec, rt->comm().rank(), rt->comm().size()))
+        ResultBytes(req->sig.kind, spec, comm.rank(), comm.size()))
       throw std::invalid_argument("jaxcache: output " + std::to_string(i) + " of '" + name +
                                   "' has the wrong number of bytes");
     req->sig.tensors.push_back(std::move(spec));
@@ -347,20 +361,50 @@ NB_MODULE(_jaxcache_ext, m) {
   m.def("size", [] { return Running()->comm().size(); });
   m.def("local_rank", [] { return Running()->comm().local_rank(); });
   m.def("local_size", [] { return Running()->comm().local_size(); });
-  m.def("stats", [] { return Running()->stats().Snapshot(); });
-  m.def("reset_stats", [] { Running()->stats().Reset(); });
-  m.def("cache_layout", [] { return Running()->CacheLayout(); });
+  m.def(
+      "set_rank", [](int32_t id) { return SetOf(*Running(), id)->comm().rank(); }, nb::arg("process_set"));
+  m.def(
+      "set_size", [](int32_t id) { return SetOf(*Running(), id)->comm().size(); }, nb::arg("process_set"));
+  m.def(
+      "stats", [](int32_t id) { return SetOf(*Running(), id)->stats().Snapshot(); },
+      nb::arg("process_set") = 0);
+  m.def(
+      "reset_stats", [](int32_t id) { SetOf(*Running(), id)->stats().Reset(); },
+      nb::arg("process_set") = 0);
+  m.def(
+      "cache_layout", [](int32_t id) { return SetOf(*Running(), id)->CacheLayout(); },
+      nb::arg("process_set") = 0);
   m.def("max_mpi_count", [] { return Running()->comm().max_count(); });
   m.def(
-      "barrier",
-      [](const std::string& name) {
+      "add_process_set",
+      [](int32_t id, uintptr_t comm_address) {
         auto rt = Running();
+        MPI_Comm comm = *reinterpret_cast<MPI_Comm*>(comm_address);
+        nb::gil_scoped_release release;  // duplicating the communicator is collective
+        rt->AddProcessSet(id, comm);
+      },
+      nb::arg("process_set"), nb::arg("comm_address"));
+  m.def(
+      "remove_process_set",
+      [](int32_t id, double timeout_s) {
+        auto rt = Running();
+        nb::gil_scoped_release release;
+        return rt->RemoveProcessSet(id, timeout_s);
+      },
+      nb::arg("process_set"), nb::arg("timeout_s") = 30.0);
+  m.def("process_set_ids", [] { return Running()->SetIds(); });
+  m.def(
+      "barrier",
+      [](const std::string& name, int32_t process_set) {
+        auto rt = Running();
+        SetOf(*rt, process_set);
         auto req = std::make_unique<Request>();
         req->name = name;
+        req->process_set = process_set;
         req->sig.kind = Kind::kBarrier;
         return Track(std::move(req), std::move(rt));
       },
-      nb::arg("name"));
+      nb::arg("name"), nb::arg("process_set") = 0);
 
   m.def(
       "join",
@@ -393,9 +437,9 @@ NB_MODULE(_jaxcache_ext, m) {
         nb::arg("outputs").noconvert(), nb::arg("op") = 0, nb::arg("prescale") = 1.0,
         nb::arg("postscale") = 1.0, nb::arg("root") = 0,
         nb::arg("dtype_codes") = std::vector<int>(), nb::arg("refuse_if_in_flight") = false,
-        nb::arg("device") = 0);
+        nb::arg("device") = 0, nb::arg("process_set") = 0);
   m.def("submit_allocated", &SubmitAllocated, nb::arg("kind"), nb::arg("name"),
         nb::arg("inputs").noconvert(), nb::arg("splits") = std::vector<int64_t>(),
         nb::arg("dtype_codes") = std::vector<int>(), nb::arg("refuse_if_in_flight") = false,
-        nb::arg("device") = 0);
+        nb::arg("device") = 0, nb::arg("process_set") = 0);
 }

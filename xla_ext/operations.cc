@@ -53,38 +53,38 @@ void CopyScaled(const void* in, void* out, int64_t count, DType dtype, double fa
 }
 }  // namespace
 
-void Operations::Dequeue(Task& t) {
+void Operations::Dequeue(Job& t) {
   if (!timeline_.enabled() || !t.queued) return;
   timeline_.End(t.request->name, "QUEUE");
   t.queued = false;
 }
 
-void Operations::PhaseAll(std::vector<Task>& tasks, const std::vector<Item>& items,
+void Operations::PhaseAll(std::vector<Job>& jobs, const std::vector<Item>& items,
                           const char* phase, bool begin) {
   if (!timeline_.enabled()) return;
   std::size_t last = SIZE_MAX;
   for (const Item& it : items) {
-    if (it.task == last) continue;
-    last = it.task;
-    const std::string& name = tasks[it.task].request->name;
+    if (it.job == last) continue;
+    last = it.job;
+    const std::string& name = jobs[it.job].request->name;
     begin ? timeline_.Begin(name, phase) : timeline_.End(name, phase);
   }
 }
 
-template <typename Fn>
-void Operations::Step(std::vector<Task>& tasks, const std::vector<std::size_t>& touched, Fn&& fn) {
+Task<> Operations::Step(std::vector<Job>& jobs, std::vector<std::size_t> touched,
+                        std::function<Task<>()> step) {
   std::string failure;
   try {
-    fn();
+    co_await step();
     for (std::size_t i : touched)
-      if (faults_.Fire(FaultPoint::kData, tasks[i].request->name))
+      if (faults_.Fire(FaultPoint::kData, jobs[i].request->name))
         throw std::runtime_error("MPI call failed (injected fault)");
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  if (failure.empty()) return;
+  if (failure.empty()) co_return;
   for (std::size_t i : touched) {
-    Task& t = tasks[i];
+    Job& t = jobs[i];
     std::string what = "jaxcache: data movement of '" + t.request->name + "' failed on rank " +
                        std::to_string(comm_.rank()) + ": " + failure;
     if (first_failure_.empty()) first_failure_ = what;
@@ -92,32 +92,32 @@ void Operations::Step(std::vector<Task>& tasks, const std::vector<std::size_t>& 
   }
 }
 
-void Operations::Done(Task& t) {
+void Operations::Done(Job& t) {
   if (--t.remaining > 0) return;
   Dequeue(t);
   ++stats_.responses_executed;
-  (*complete_)(t.request, t.status);
+  complete_(t.request, t.status);
 }
 
-std::string Operations::Execute(const std::vector<Request*>& work, const Complete& complete) {
-  complete_ = &complete;
+Task<std::string> Operations::Execute(const std::vector<Request*>& work, Complete complete) {
+  complete_ = std::move(complete);
   first_failure_.clear();
-  std::vector<Task> tasks;
-  tasks.reserve(work.size());
-  for (Request* r : work) tasks.push_back({r});
+  std::vector<Job> jobs;
+  jobs.reserve(work.size());
+  for (Request* r : work) jobs.push_back({r});
   std::vector<std::size_t> allreduces, others;
-  for (std::size_t i = 0; i < tasks.size(); ++i)
-    (tasks[i].request->sig.kind == Kind::kAllreduce ? allreduces : others).push_back(i);
-  if (!allreduces.empty()) Allreduce(tasks, allreduces);
+  for (std::size_t i = 0; i < jobs.size(); ++i)
+    (jobs[i].request->sig.kind == Kind::kAllreduce ? allreduces : others).push_back(i);
+  if (!allreduces.empty()) co_await Allreduce(jobs, allreduces);
   for (std::size_t i : others) {
-    Task& t = tasks[i];
+    Job& t = jobs[i];
     const Signature& sig = t.request->sig;
     Dequeue(t);
     // A barrier's or a join's negotiation was the synchronization: no MPI call.
     if (const char* phase = MpiPhase(sig.kind)) {
       timeline_.Begin(t.request->name, phase);
       for (std::size_t k = 0; k < sig.tensors.size(); ++k)
-        Step(tasks, {i}, [&] {
+        co_await Step(jobs, std::vector<std::size_t>(1, i), [&, k]() -> Task<> {
           switch (sig.kind) {
             case Kind::kBroadcast: return BroadcastTensor(t, k);
             case Kind::kAllgather: return AllgatherTensor(t, k);
@@ -131,10 +131,10 @@ std::string Operations::Execute(const std::vector<Request*>& work, const Complet
     Done(t);
   }
   complete_ = nullptr;
-  return first_failure_;
+  co_return first_failure_;
 }
 
-void Operations::Allreduce(std::vector<Task>& tasks, const std::vector<std::size_t>& which) {
+Task<> Operations::Allreduce(std::vector<Job>& jobs, const std::vector<std::size_t>& which) {
   // Plan: small tensors go to fusion buckets keyed by (dtype, op, scales) in
   // order of first appearance; large ones are reduced directly from the
   // input into the output, which costs no copy at all.
@@ -142,18 +142,18 @@ void Operations::Allreduce(std::vector<Task>& tasks, const std::vector<std::size
   std::map<FusionKey, std::vector<Item>> buckets;
   std::vector<Item> direct;
   for (std::size_t ti : which) {
-    const Signature& sig = tasks[ti].request->sig;
+    const Signature& sig = jobs[ti].request->sig;
     for (std::size_t t = 0; t < sig.tensors.size(); ++t) {
       const TensorSpec& spec = sig.tensors[t];
       Item item{ti, t, spec.NumElements(), spec.NumBytes()};
       if (item.count == 0) continue;
       stats_.bytes_reduced += item.bytes;
       if (static_cast<int64_t>(item.bytes) >= config_.direct_threshold) {
-        ++tasks[ti].remaining;
+        ++jobs[ti].remaining;
         direct.push_back(item);
         continue;
       }
-      FusionKey key{spec.dtype, sig.op, Prescale(*tasks[ti].request), sig.postscale};
+      FusionKey key{spec.dtype, sig.op, Prescale(*jobs[ti].request), sig.postscale};
       auto& bucket = buckets[key];
       if (bucket.empty()) key_order.push_back(key);
       bucket.push_back(item);
@@ -169,111 +169,111 @@ void Operations::Allreduce(std::vector<Task>& tasks, const std::vector<std::size
       std::size_t end = begin, bytes = 0;
       while (end < items.size() &&
              (end == begin || (bytes + items[end].bytes <= static_cast<std::size_t>(config_.fusion_threshold) &&
-                               (config_.group_fusion || items[end].task == items[begin].task)))) {
+                               (config_.group_fusion || items[end].job == items[begin].job)))) {
         bytes += items[end].bytes;
         ++end;
       }
       chunks.emplace_back(items.begin() + begin, items.begin() + end);
       std::size_t last = SIZE_MAX;
       for (const Item& it : chunks.back()) {
-        if (it.task != last) ++tasks[it.task].remaining;
-        last = it.task;
+        if (it.job != last) ++jobs[it.job].remaining;
+        last = it.job;
       }
       begin = end;
     }
   }
   // Zero-size requests are complete already.
   for (std::size_t ti : which)
-    if (tasks[ti].remaining == 0) {
-      tasks[ti].remaining = 1;
-      Done(tasks[ti]);
+    if (jobs[ti].remaining == 0) {
+      jobs[ti].remaining = 1;
+      Done(jobs[ti]);
     }
   for (const auto& chunk : chunks) {
     std::vector<std::size_t> touched;
     for (const Item& it : chunk)
-      if (touched.empty() || touched.back() != it.task) touched.push_back(it.task);
-    Step(tasks, touched, [&] { FusedAllreduce(tasks, chunk); });
-    for (std::size_t ti : touched) Done(tasks[ti]);
+      if (touched.empty() || touched.back() != it.job) touched.push_back(it.job);
+    co_await Step(jobs, touched, [&]() { return FusedAllreduce(jobs, chunk); });
+    for (std::size_t ti : touched) Done(jobs[ti]);
   }
   for (const Item& item : direct) {
-    Step(tasks, {item.task}, [&] { DirectAllreduce(tasks[item.task], item); });
-    Done(tasks[item.task]);
+    co_await Step(jobs, std::vector<std::size_t>(1, item.job), [&]() { return DirectAllreduce(jobs[item.job], item); });
+    Done(jobs[item.job]);
   }
 }
 
-void Operations::FusedAllreduce(std::vector<Task>& tasks, const std::vector<Item>& items) {
+Task<> Operations::FusedAllreduce(std::vector<Job>& jobs, const std::vector<Item>& items) {
   if (items.size() == 1) {  // nothing to fuse: reduce in place, no copies
-    DirectAllreduce(tasks[items[0].task], items[0]);
-    return;
+    co_await DirectAllreduce(jobs[items[0].job], items[0]);
+    co_return;
   }
-  const Request& r0 = *tasks[items[0].task].request;
+  const Request& r0 = *jobs[items[0].job].request;
   const Signature& sig0 = r0.sig;
   const double prescale = Prescale(r0);  // the same for every item (the fusion key)
   DType dtype = sig0.tensors[items[0].tensor].dtype;
   std::size_t total = 0;
   for (const Item& it : items) total += it.bytes;
-  for (const Item& it : items) Dequeue(tasks[it.task]);
+  for (const Item& it : items) Dequeue(jobs[it.job]);
   if (fusion_buffer_.size() < total) fusion_buffer_.resize(total);
   char* buf = fusion_buffer_.data();
-  PhaseAll(tasks, items, "MEMCPY_IN_FUSION_BUFFER", true);
+  PhaseAll(jobs, items, "MEMCPY_IN_FUSION_BUFFER", true);
   std::size_t off = 0;
   for (const Item& it : items) {
-    const Request& r = *tasks[it.task].request;
+    const Request& r = *jobs[it.job].request;
     CopyScaled(r.inputs[it.tensor], buf + off, it.count, dtype, prescale);
     off += it.bytes;
   }
-  PhaseAll(tasks, items, "MEMCPY_IN_FUSION_BUFFER", false);
-  PhaseAll(tasks, items, "MPI_ALLREDUCE", true);
+  PhaseAll(jobs, items, "MEMCPY_IN_FUSION_BUFFER", false);
+  PhaseAll(jobs, items, "MPI_ALLREDUCE", true);
   ++stats_.mpi_calls;
-  comm_.AllreduceData(buf, buf, static_cast<int64_t>(total / ElementSize(dtype)), dtype, sig0.op);
-  PhaseAll(tasks, items, "MPI_ALLREDUCE", false);
-  PhaseAll(tasks, items, "MEMCPY_OUT_FUSION_BUFFER", true);
+  co_await comm_.AllreduceData(buf, buf, static_cast<int64_t>(total / ElementSize(dtype)), dtype, sig0.op);
+  PhaseAll(jobs, items, "MPI_ALLREDUCE", false);
+  PhaseAll(jobs, items, "MEMCPY_OUT_FUSION_BUFFER", true);
   off = 0;
   for (const Item& it : items) {
-    Request& r = *tasks[it.task].request;
+    Request& r = *jobs[it.job].request;
     CopyScaled(buf + off, r.outputs[it.tensor], it.count, dtype, sig0.postscale);
     off += it.bytes;
   }
-  PhaseAll(tasks, items, "MEMCPY_OUT_FUSION_BUFFER", false);
+  PhaseAll(jobs, items, "MEMCPY_OUT_FUSION_BUFFER", false);
   // Requests sharing the buffer with another request count as fused.
-  std::size_t first = items[0].task;
+  std::size_t first = items[0].job;
   bool shared = false;
-  for (const Item& it : items) shared |= it.task != first;
+  for (const Item& it : items) shared |= it.job != first;
   if (shared) {
     std::size_t last = SIZE_MAX;
     for (const Item& it : items) {
-      if (it.task != last) ++stats_.fused_responses;
-      last = it.task;
+      if (it.job != last) ++stats_.fused_responses;
+      last = it.job;
     }
   }
 }
 
-void Operations::DirectAllreduce(Task& task, const Item& item) {
-  Request& r = *task.request;
+Task<> Operations::DirectAllreduce(Job& job, const Item& item) {
+  Request& r = *job.request;
   const Signature& sig = r.sig;
   DType dtype = sig.tensors[item.tensor].dtype;
   void* out = r.outputs[item.tensor];
-  Dequeue(task);
+  Dequeue(job);
   timeline_.Begin(r.name, "MPI_ALLREDUCE");
   // In-place MPI is markedly faster than separate buffers (MPICH copies the
   // send buffer itself), and the copy into the output absorbs the prescale.
   if (r.inputs[item.tensor] != out) AdviseHugePages(out, item.bytes);
   CopyScaled(r.inputs[item.tensor], out, item.count, dtype, Prescale(r));
   ++stats_.mpi_calls;
-  comm_.AllreduceData(out, out, item.count, dtype, sig.op);
+  co_await comm_.AllreduceData(out, out, item.count, dtype, sig.op);
   if (sig.postscale != 1.0) Scale(out, out, item.count, dtype, sig.postscale);
   timeline_.End(r.name, "MPI_ALLREDUCE");
 }
 
-void Operations::BroadcastTensor(Task& task, std::size_t t) {
-  Request& r = *task.request;
+Task<> Operations::BroadcastTensor(Job& job, std::size_t t) {
+  Request& r = *job.request;
   const Signature& sig = r.sig;
   std::size_t bytes = sig.tensors[t].NumBytes();
-  if (bytes == 0) return;
+  if (bytes == 0) co_return;
   if (comm_.rank() == sig.root && r.inputs[t] != r.outputs[t])
     std::memcpy(r.outputs[t], r.inputs[t], bytes);
   ++stats_.mpi_calls;
-  comm_.BroadcastData(r.outputs[t], static_cast<int64_t>(bytes), sig.root);
+  co_await comm_.BroadcastData(r.outputs[t], static_cast<int64_t>(bytes), sig.root);
 }
 
 double Operations::Prescale(const Request& r) const {
@@ -301,8 +301,8 @@ std::vector<int64_t> WithRows(const TensorSpec& spec, int64_t rows) {
 }
 }  // namespace
 
-void Operations::AllgatherTensor(Task& task, std::size_t t) {
-  Request& r = *task.request;
+Task<> Operations::AllgatherTensor(Job& job, std::size_t t) {
+  Request& r = *job.request;
   const TensorSpec& spec = r.sig.tensors[t];
   const int size = comm_.size();
   const int64_t row = static_cast<int64_t>(spec.RowBytes());
@@ -322,14 +322,14 @@ void Operations::AllgatherTensor(Task& task, std::size_t t) {
   }
   char* out = Output(r, t, total, WithRows(spec, total_rows));
   if (r.store && agreed) r.store->rows = agreed->rows;
-  if (total == 0) return;
+  if (total == 0) co_return;
   ++stats_.mpi_calls;
-  if (equal) comm_.AllgatherData(r.inputs[t], out, bytes[0]);
-  else comm_.AllgathervData(r.inputs[t], out, bytes);
+  if (equal) co_await comm_.AllgatherData(r.inputs[t], out, bytes[0]);
+  else co_await comm_.AllgathervData(r.inputs[t], out, bytes);
 }
 
-void Operations::ReducescatterTensor(Task& task, std::size_t t) {
-  Request& r = *task.request;
+Task<> Operations::ReducescatterTensor(Job& job, std::size_t t) {
+  Request& r = *job.request;
   const Signature& sig = r.sig;
   const TensorSpec& spec = sig.tensors[t];
   const int size = comm_.size();
@@ -337,7 +337,7 @@ void Operations::ReducescatterTensor(Task& task, std::size_t t) {
   std::vector<int64_t> counts(size);
   for (int q = 0; q < size; ++q) counts[q] = ScatterRows(spec.Rows(), size, q) * row;
   const int64_t count = spec.NumElements();
-  if (count == 0) return;
+  if (count == 0) co_return;
   stats_.bytes_reduced += spec.NumBytes();
   // The input is not copied unless a prescale asks for it; an average's
   // division is applied to the (smaller) result instead.
@@ -350,13 +350,13 @@ void Operations::ReducescatterTensor(Task& task, std::size_t t) {
   void* out = r.outputs[t];
   AdviseHugePages(out, counts[comm_.rank()] * ElementSize(spec.dtype));
   ++stats_.mpi_calls;
-  comm_.ReducescatterData(in, out, counts, spec.dtype, sig.op);
+  co_await comm_.ReducescatterData(in, out, counts, spec.dtype, sig.op);
   const double post = sig.op == ReduceOp::kAverage ? sig.postscale / Contributors(r) : sig.postscale;
   if (post != 1.0) Scale(out, out, counts[comm_.rank()], spec.dtype, post);
 }
 
-void Operations::AlltoallTensor(Task& task, std::size_t t) {
-  Request& r = *task.request;
+Task<> Operations::AlltoallTensor(Job& job, std::size_t t) {
+  Request& r = *job.request;
   const TensorSpec& spec = r.sig.tensors[t];
   const int size = comm_.size(), me = comm_.rank();
   const int64_t row = static_cast<int64_t>(spec.RowBytes());
@@ -374,9 +374,9 @@ void Operations::AlltoallTensor(Task& task, std::size_t t) {
   for (int64_t n : rows) largest = std::max(largest, n * row);
   char* out = Output(r, t, total * row, WithRows(spec, total));
   if (r.store) r.store->rows = received;
-  if (largest == 0) return;
+  if (largest == 0) co_return;
   ++stats_.mpi_calls;
-  comm_.AlltoallData(r.inputs[t], send, out, recv, largest);
+  co_await comm_.AlltoallData(r.inputs[t], send, out, recv, largest);
 }
 
 }  // namespace jaxcache

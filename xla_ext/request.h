@@ -93,6 +93,9 @@ struct Request {
   // Refuse at once (kDuplicate) instead of queueing when `name` is in flight
   // on this rank: Horovod's semantics for explicitly named eager requests.
   bool refuse_if_in_flight = false;
+  // The process set whose ranks take part (0: every rank); names are matched
+  // within the set.
+  int32_t process_set = 0;
   Clock::time_point submitted = Clock::now();
 
   // Set when the request is decided (see Controller):

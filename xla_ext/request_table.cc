@@ -8,6 +8,27 @@ namespace {
 thread_local InlineCompletion* inline_scope = nullptr;
 }  // namespace
 
+void Wakeup::Notify() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++generation_;
+  }
+  cv_.notify_one();
+}
+
+bool Wakeup::WaitFor(std::chrono::microseconds timeout, uint64_t* seen) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return generation_ != *seen; });
+  bool news = generation_ != *seen;
+  *seen = generation_;
+  return news;
+}
+
+uint64_t Wakeup::generation() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return generation_;
+}
+
 InlineCompletion::InlineCompletion(const Request* request)
     : request_(request), previous_(inline_scope) {
   inline_scope = this;
@@ -62,8 +83,7 @@ bool RequestTable::Admit(RequestPtr req, bool notify) {
           ns.queue.push_back(std::move(req));
           if (ns.queue.size() != 1) return false;
           activated_.push_back(raw);
-          ++generation_;
-          if (notify) cv_.notify_one();
+          if (notify) wakeup_.Notify();
           return true;
         }
       }
@@ -80,31 +100,9 @@ std::vector<Request*> RequestTable::TakeActive() {
   return out;
 }
 
-bool RequestTable::WaitForWork(std::chrono::microseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, timeout, [&] { return !activated_.empty() || woken_; });
-  woken_ = false;
+bool RequestTable::HasActive() const {
+  std::lock_guard<std::mutex> lock(mu_);
   return !activated_.empty();
-}
-
-bool RequestTable::WaitForNews(std::chrono::microseconds timeout, uint64_t* seen) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, timeout, [&] { return generation_ != *seen || woken_; });
-  woken_ = false;
-  bool news = generation_ != *seen;
-  *seen = generation_;
-  return news;
-}
-
-uint64_t RequestTable::generation() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return generation_;
-}
-
-void RequestTable::Wake() {
-  std::lock_guard<std::mutex> lock(mu_);
-  woken_ = true;
-  cv_.notify_one();
 }
 
 void RequestTable::Complete(Request* req, const Status& status) {
@@ -145,8 +143,8 @@ void RequestTable::Cancel(const std::map<std::string, uint64_t>& upto, const Sta
     activated_.clear();
     for (auto& [name, ns] : names_)
       if (!ns.queue.empty()) activated_.push_back(ns.queue.front().get());
-    ++generation_;
   }
+  wakeup_.Notify();
   for (auto& r : failed) Finish(std::move(r), why);
 }
 
@@ -162,9 +160,8 @@ void RequestTable::Close(const Status& why) {
       for (auto& r : ns.queue) failed.push_back(std::move(r));
     names_.clear();
     activated_.clear();
-    woken_ = true;
-    cv_.notify_one();
   }
+  wakeup_.Notify();
   for (auto& r : failed) Finish(std::move(r), why);
 }
 

@@ -24,6 +24,22 @@
 
 namespace jaxcache {
 
+// What the background thread sleeps on: new work in any process set's table,
+// or Notify() from a thread that wants it to look again.
+class Wakeup {
+ public:
+  void Notify();
+  // Sleeps until something happened after generation `*seen` (updated), or
+  // `timeout` passes; true when something did.
+  bool WaitFor(std::chrono::microseconds timeout, uint64_t* seen);
+  uint64_t generation() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t generation_ = 0;
+};
+
 // A thread driving the runtime for its own request: that request's completion
 // runs on this thread (no hand-off to the completion thread), and `done` tells
 // the driver it can stop.
@@ -44,7 +60,8 @@ class InlineCompletion {
 
 class RequestTable {
  public:
-  explicit RequestTable(CompletionQueue& completions) : completions_(completions) {}
+  RequestTable(CompletionQueue& completions, Wakeup& wakeup)
+      : completions_(completions), wakeup_(wakeup) {}
   ~RequestTable();
 
   // Any thread. Takes ownership; a refused request (closed table, a refused
@@ -53,18 +70,10 @@ class RequestTable {
   // `notify` false leaves the background thread asleep (the caller drives).
   bool Admit(RequestPtr req, bool notify = true);
 
-  // Background thread: the requests that became active since the last call.
+  // The driver: the requests that became active since the last call.
   std::vector<Request*> TakeActive();
-  // Waits until a request is active and not yet taken, Wake() is called, or
-  // `timeout` passes. Returns true when there is something to take.
-  bool WaitForWork(std::chrono::microseconds timeout);
-  // Waits until something new happens (an activation or Wake() after the
-  // generation `*seen`), or `timeout` passes; updates `*seen`. Unlike
-  // WaitForWork it does not return early for work already announced, so a
-  // loop that cannot take work yet sleeps instead of spinning.
-  bool WaitForNews(std::chrono::microseconds timeout, uint64_t* seen);
-  uint64_t generation() const;
-  void Wake();
+  // Requests are active and not yet taken.
+  bool HasActive() const;
 
   // Background thread: completes an active request (exactly once) and
   // activates the next submission of its name.
@@ -94,12 +103,10 @@ class RequestTable {
   void Finish(RequestPtr req, const Status& status);
 
   CompletionQueue& completions_;
+  Wakeup& wakeup_;
   mutable std::mutex mu_;
-  std::condition_variable cv_;
   std::unordered_map<std::string, NameState> names_;
   std::vector<Request*> activated_;
-  uint64_t generation_ = 0;
-  bool woken_ = false;
   bool closed_ = false;
   Status closed_status_;
   Status cancel_status_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <stdexcept>
+#include <vector>
 
 #include "reduce_ops.h"
 
@@ -15,18 +16,17 @@ std::shared_ptr<Runtime> current;
 using std::chrono::microseconds;
 constexpr microseconds kMinBackoff{20};
 constexpr microseconds kBusyMaxBackoff{1000};
-constexpr microseconds kIdleMaxBackoff{10000};
 constexpr microseconds kLongMaxBackoff{20000};
-Status Abandoned() {
-  return Status::Error(ErrorKind::kShutdown,
-                       "jaxcache: the runtime was shut down without the other ranks, which did "
-                       "not answer (a rank died or hangs)");
-}
-
-// A busy rank first polls its cycle for this long (yielding the core between
-// polls): peers usually answer within tens of microseconds, and a sleep
-// granularity of that order would otherwise double the latency.
+// A rank waiting for its peers first polls for this long (yielding the core
+// between polls): peers usually answer within tens of microseconds, and a
+// sleep granularity of that order would otherwise double the latency.
 constexpr microseconds kBusySpin{250};
+
+int RankOf(MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  return rank;
+}
 }  // namespace
 
 void Runtime::Start(MPI_Comm comm, const Config& config) {
@@ -38,36 +38,140 @@ void Runtime::Start(MPI_Comm comm, const Config& config) {
   current = std::move(rt);
 }
 
-bool Runtime::WaitDone(double seconds) {
+std::shared_ptr<Runtime> Runtime::Current() {
+  std::lock_guard<std::mutex> lock(current_mu);
+  return current;
+}
+
+Runtime::Runtime(MPI_Comm comm, const Config& config)
+    : config_(config),
+      faults_(std::make_unique<FaultInjector>(config.fault_inject, RankOf(comm))) {
+  global_ = std::make_shared<ProcessSet>(0, comm, std::vector<int>(), config_, timeline_, *faults_,
+                                         completions_, wakeup_, &abandon_);
+  sets_[0] = global_;
+  if (!config_.timeline_path.empty() && global_->comm().rank() == 0 &&
+      !timeline_.Open(config_.timeline_path, config_.timeline_mark_cycles)) {
+    std::fprintf(stderr, "jaxcache: warning: cannot open timeline file '%s'\n",
+                 config_.timeline_path.c_str());
+  }
+}
+
+Runtime::~Runtime() {
+  if (thread_.joinable()) thread_.join();
+}
+
+std::vector<std::shared_ptr<ProcessSet>> Runtime::Sets() const {
+  std::lock_guard<std::mutex> lock(sets_mu_);
+  std::vector<std::shared_ptr<ProcessSet>> out;
+  out.reserve(sets_.size());
+  for (const auto& [id, set] : sets_) out.push_back(set);
+  return out;
+}
+
+std::shared_ptr<ProcessSet> Runtime::Set(int32_t id) const {
+  std::lock_guard<std::mutex> lock(sets_mu_);
+  auto it = sets_.find(id);
+  return it == sets_.end() ? nullptr : it->second;
+}
+
+std::vector<int32_t> Runtime::SetIds() const {
+  std::lock_guard<std::mutex> lock(sets_mu_);
+  std::vector<int32_t> ids;
+  for (const auto& [id, set] : sets_) ids.push_back(id);
+  return ids;
+}
+
+CycleIntent Runtime::IntentFor(const ProcessSet& set) const {
+  return {shutdown_requested_ || set.remove_requested, shutdown_forced_ || set.remove_forced};
+}
+
+namespace {
+// The ranks in `global` of the members of `comm`, in `comm`'s rank order.
+std::vector<int> GlobalRanks(MPI_Comm comm, MPI_Comm global) {
+  MPI_Group group, global_group;
+  MPI_Comm_group(comm, &group);
+  MPI_Comm_group(global, &global_group);
+  int n = 0;
+  MPI_Group_size(group, &n);
+  std::vector<int> mine(n), out(n);
+  for (int i = 0; i < n; ++i) mine[i] = i;
+  MPI_Group_translate_ranks(group, n, mine.data(), global_group, out.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&global_group);
+  return out;
+}
+}  // namespace
+
+void Runtime::AddProcessSet(int32_t id, MPI_Comm comm) {
+  if (id <= 0) throw std::invalid_argument("jaxcache: process set ids start at 1 (0 is the job)");
+  if (Set(id))
+    throw std::invalid_argument("jaxcache: process set " + std::to_string(id) +
+                                " is registered already");
+  auto set = std::make_shared<ProcessSet>(id, comm, GlobalRanks(comm, global_->comm().handle()),
+                                          config_, timeline_, *faults_, completions_, wakeup_,
+                                          &abandon_);
+  {
+    std::lock_guard<std::mutex> lock(sets_mu_);
+    if (!sets_.emplace(id, std::move(set)).second)
+      throw std::invalid_argument("jaxcache: process set " + std::to_string(id) +
+                                  " is registered already");
+  }
+  wakeup_.Notify();
+}
+
+template <typename Pred>
+bool Runtime::WaitUntil(double seconds, Pred done) {
   std::unique_lock<std::mutex> lock(done_mu_);
-  return done_cv_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return loop_done_; });
+  return done_cv_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return done(); });
+}
+
+std::string Runtime::RemoveProcessSet(int32_t id, double timeout_s) {
+  if (id == 0) return "jaxcache: the global process set cannot be removed (call shutdown())";
+  auto set = Set(id);
+  if (!set) return "";
+  set->remove_requested = true;
+  wakeup_.Notify();
+  if (!WaitUntil(timeout_s, [&] { return set->stopped(); })) {
+    set->remove_forced = true;  // stop without the members that never asked
+    wakeup_.Notify();
+    double grace = std::max(2.0, 3 * config_.heartbeat_ms / 1000.0);
+    if (!WaitUntil(grace, [&] { return set->stopped(); }))
+      return "jaxcache: process set " + std::to_string(id) +
+             " could not be removed: its other members do not answer";
+  }
+  std::lock_guard<std::mutex> lock(sets_mu_);
+  sets_.erase(id);
+  return set->closing_message().find("never called") != std::string::npos ? set->closing_message() : "";
 }
 
 std::string Runtime::Stop(double timeout_s) {
   std::shared_ptr<Runtime> rt = Current();
   if (!rt || !rt->thread_.joinable()) return "";
   rt->shutdown_requested_ = true;
-  rt->table_.Wake();
+  rt->wakeup_.Notify();
+  auto loop_done = [&] { return rt->loop_done_; };
   std::string outcome;
-  if (!rt->WaitDone(timeout_s)) {
+  if (!rt->WaitUntil(timeout_s, loop_done)) {
     // Stop waiting for the ranks that never called shutdown(): one forced
     // cycle tells every rank that still answers, and they stop with us.
     rt->shutdown_forced_ = true;
-    rt->table_.Wake();
+    rt->wakeup_.Notify();
     double grace = std::max(2.0, 3 * rt->config_.heartbeat_ms / 1000.0);
-    if (!rt->WaitDone(grace)) {
-      // Nobody answers at all (a dead rank, a broken link): leave the cycle.
+    if (!rt->WaitUntil(grace, loop_done)) {
+      // Nobody answers at all (a dead rank, a broken link): leave the cycles.
       rt->abandon_ = true;
-      rt->WaitDone(2.0);
+      rt->wakeup_.Notify();
+      rt->WaitUntil(2.0, loop_done);
     }
     std::lock_guard<std::mutex> lock(rt->done_mu_);
     outcome = rt->loop_done_ ? rt->closing_message_
-                             : "jaxcache: the background thread is stuck inside MPI (the other "
-                               "ranks do not answer); leaving it behind";
+                             : "jaxcache: the background thread is stuck (the other ranks do not "
+                               "answer); leaving it behind";
   }
-  rt->table_.Close(Status::Error(ErrorKind::kShutdown,
-                                 "jaxcache: the runtime has been shut down; call jaxcache.init() "
-                                 "before using collectives"));
+  Status closed = Status::Error(ErrorKind::kShutdown,
+                                "jaxcache: the runtime has been shut down; call jaxcache.init() "
+                                "before using collectives");
+  for (auto& set : rt->Sets()) set->table().Close(closed);
   bool done;
   {
     std::lock_guard<std::mutex> lock(rt->done_mu_);
@@ -83,183 +187,156 @@ std::string Runtime::Stop(double timeout_s) {
   return outcome;
 }
 
-std::shared_ptr<Runtime> Runtime::Current() {
-  std::lock_guard<std::mutex> lock(current_mu);
-  return current;
-}
-
-Runtime::Runtime(MPI_Comm comm, const Config& config)
-    : config_(config),
-      comm_(std::make_unique<Comm>(comm, config.max_mpi_count)),
-      faults_(config.fault_inject, comm_->rank()),
-      closing_(Status::Error(ErrorKind::kShutdown,
-                             "jaxcache: the runtime has been shut down; call jaxcache.init() "
-                             "before using collectives")) {
-  comm_->SetAbandonFlag(&abandon_);
-  // A peer that stays silent well past the stall shutdown bound is gone.
-  if (config_.stall_shutdown_s > 0)
-    comm_->SetAbortTimeout(std::max(2 * config_.stall_shutdown_s, config_.stall_shutdown_s + 5.0));
-  if (!config_.timeline_path.empty() && comm_->rank() == 0 &&
-      !timeline_.Open(config_.timeline_path, config_.timeline_mark_cycles)) {
-    std::fprintf(stderr, "jaxcache: warning: cannot open timeline file '%s'\n",
-                 config_.timeline_path.c_str());
-  }
-  controller_ = std::make_unique<Controller>(*comm_, config_, stats_, timeline_, table_, faults_);
-  operations_ = std::make_unique<Operations>(*comm_, config_, stats_, timeline_, faults_);
-}
-
-Runtime::~Runtime() {
-  if (thread_.joinable()) thread_.join();
-}
-
-void Runtime::Complete(Request* req, const Status& status) {
-  if (faults_.armed() && faults_.Fire(FaultPoint::kComplete, req->name)) {
-    Status failed = Status::Error(ErrorKind::kInternal,
-                                  "jaxcache: completing '" + req->name + "' failed on rank " +
-                                      std::to_string(comm_->rank()) + " (injected fault)");
-    controller_->ReportFault(failed.message);
-    table_.Complete(req, failed);
-    return;
-  }
-  table_.Complete(req, status);
-}
-
 void Runtime::Fatal(const std::exception& e) {
   // This rank no longer knows which MPI calls its peers will make, so going on
   // could hang them: end the job, loudly.
   std::fprintf(stderr, "jaxcache: rank %d: fatal error in the runtime: %s; aborting the job\n",
-               comm_->rank(), e.what());
+               global_->comm().rank(), e.what());
   std::fflush(stderr);
-  table_.Close(Status::Error(ErrorKind::kInternal, std::string("jaxcache: fatal error: ") + e.what()));
-  MPI_Abort(comm_->handle(), 71);
+  Status failed = Status::Error(ErrorKind::kInternal, std::string("jaxcache: fatal error: ") + e.what());
+  for (auto& set : Sets()) set->table().Close(failed);
+  MPI_Abort(global_->comm().handle(), 71);
   std::abort();
 }
 
-void Runtime::RunOutcome(CycleOutcome& out) {
-  for (auto& [req, st] : out.failed) Complete(req, st);
-  for (Request* req : out.done) Complete(req, Status::Ok());
-  if (!out.work.empty()) {
-    auto t0 = Clock::now();
-    std::string fault = operations_->Execute(
-        out.work, [this](Request* r, const Status& s) { Complete(r, s); });
-    if (!fault.empty()) controller_->ReportFault(fault);
-    stats_.AddExecution(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  progress_ = out.progress;
-  if (out.shutdown) {
-    closing_ = out.shutdown_status;
-    stop_loop_ = true;
-  }
-}
-
-bool Runtime::Advance() {
-  if (!controller_->cycle_posted()) {
-    for (Request* req : table_.TakeActive()) controller_->Add(req);
-    controller_->BeginCycle({shutdown_requested_, shutdown_forced_});
-  }
-  if (!controller_->TestCycle()) return false;
-  CycleOutcome out = controller_->FinishCycle();
-  RunOutcome(out);
-  return true;
-}
-
 void Runtime::Submit(RequestPtr req, bool drive) {
-  // A cycle time asks for bursts to be batched into one cycle: nobody drives inline then.
-  if (!drive || config_.inline_spin_us <= 0 || config_.cycle_time_ms > 0) {
-    table_.Admit(std::move(req));
+  std::shared_ptr<ProcessSet> set = Set(req->process_set);
+  if (!set) {
+    req->done.Run(Status::Error(
+        ErrorKind::kInvalidArgument,
+        "jaxcache: collective '" + req->name + "' names process set " +
+            std::to_string(req->process_set) +
+            ", which is not registered on this rank (removed, or this rank is not a member)"));
     return;
   }
-  std::unique_lock<std::mutex> lock(driver_mu_, std::try_to_lock);
-  if (!lock.owns_lock() || stop_loop_) {  // someone else drives: they take it from the table
-    table_.Admit(std::move(req));
+  // A cycle time asks for bursts to be batched into one cycle: nobody drives inline then.
+  if (!drive || config_.inline_spin_us <= 0 || config_.cycle_time_ms > 0) {
+    set->table().Admit(std::move(req));
+    return;
+  }
+  std::unique_lock<std::mutex> lock(set->driver(), std::try_to_lock);
+  if (!lock.owns_lock() || set->stopped()) {  // someone else drives: they take it from the table
+    set->table().Admit(std::move(req));
     return;
   }
   const Request* own = req.get();
   InlineCompletion scope(own);
-  if (!table_.Admit(std::move(req), /*notify=*/false)) {
+  if (!set->table().Admit(std::move(req), /*notify=*/false)) {
     // Queued behind an earlier submission of its name (or refused at once).
     lock.unlock();
-    if (!scope.done()) table_.Wake();
+    if (!scope.done()) wakeup_.Notify();
     return;
   }
   const auto deadline =
       Clock::now() + std::chrono::microseconds(static_cast<int64_t>(config_.inline_spin_us));
   try {
-    while (!scope.done() && !stop_loop_) {
+    while (!scope.done() && !set->stopped()) {
       // A cycle that finished without completing ours starts the next at once.
-      if (Advance()) continue;
+      if (set->Advance(IntentFor(*set))) continue;
       if (Clock::now() > deadline) break;
       std::this_thread::yield();  // the peers may need this core
     }
   } catch (const AbandonedError&) {
-    closing_ = Abandoned();
-    stop_loop_ = true;
+    // Stop() gave up on the other ranks; the background thread winds down.
   } catch (const std::exception& e) {
     Fatal(e);
   }
+  const bool more = set->cycle_in_flight() || set->table().HasActive() || set->stopped();
   lock.unlock();
-  // Not done in time: the background thread takes over (the posted cycle, if
-  // any, and the request, which is in the controller or the table).
-  if (!scope.done()) table_.Wake();
+  // Not done in time (or more to do): the background thread takes over.
+  if (!scope.done() || more) wakeup_.Notify();
 }
 
 void Runtime::Loop() {
   const microseconds heartbeat{static_cast<int64_t>(config_.heartbeat_ms * 1000)};
   const microseconds cycle_time{static_cast<int64_t>(config_.cycle_time_ms * 1000)};
-  microseconds idle_backoff = kMinBackoff;
-  Clock::time_point last_cycle{};
-  uint64_t seen = table_.generation();
+  microseconds backoff = kMinBackoff;
+  uint64_t seen = wakeup_.generation();
+  auto idle_since = Clock::now();
+  Status closing = Status::Error(
+      ErrorKind::kShutdown,
+      "jaxcache: the runtime has been shut down; call jaxcache.init() before using collectives");
   try {
-    while (!stop_loop_) {
+    for (;;) {
+      const auto now = Clock::now();
       const bool stopping = shutdown_requested_ || shutdown_forced_;
-      if (!stopping && !controller_->cycle_posted()) {
-        if (!controller_->HasPending() && !controller_->HasFault()) {
-          // Idle: wake on new work or the heartbeat. With a cycle time, the first
-          // request of a burst waits that long so that the rest of the burst joins
-          // its cycle (and its fusion buffer).
-          if (table_.WaitForWork(heartbeat) && cycle_time.count() > 0)
-            std::this_thread::sleep_for(cycle_time);
-          idle_backoff = kMinBackoff;
-        } else if (!progress_) {
-          // Work is pending but waits for other ranks: do not spin cycles.
-          if (table_.WaitForNews(idle_backoff, &seen)) idle_backoff = kMinBackoff;
-          else idle_backoff = std::min(idle_backoff * 2, kBusyMaxBackoff);
-        }
-        if (cycle_time.count() > 0) std::this_thread::sleep_until(last_cycle + cycle_time);
-      }
-      std::lock_guard<std::mutex> lock(driver_mu_);
-      if (stop_loop_) break;
-      const bool resumed = controller_->cycle_posted();  // handed over by a submitter
-      if (!resumed) last_cycle = Clock::now();
-      const bool busy = resumed || controller_->HasPending() || table_.generation() != seen;
-      microseconds backoff = kMinBackoff;
-      const auto waiting_since = Clock::now();  // a handed-over cycle has just been polled
-      const auto spin_until = waiting_since + (busy ? kBusySpin : microseconds(0));
-      while (!Advance()) {
-        if (Clock::now() < spin_until) {
-          std::this_thread::yield();
+      bool moved = false, transferring = false, arriving = false, all_stopped = true;
+      microseconds until_due = heartbeat;
+      for (auto& set : Sets()) {
+        if (set->stopped()) {
+          if (set->id() != 0 && set->remove_requested) {  // removed: wake its remover
+            std::lock_guard<std::mutex> lock(done_mu_);
+            done_cv_.notify_all();
+          }
           continue;
         }
-        // Sleeps whatever is waiting in the table: only news shortens it. A long
-        // wait may sleep longer (at most a tenth of the time waited so far), so a
-        // rank waiting seconds for a late peer costs next to nothing.
-        if (table_.WaitForNews(backoff, &seen)) {
-          backoff = kMinBackoff;
-        } else {
-          auto waited = std::chrono::duration_cast<microseconds>(Clock::now() - waiting_since);
-          auto cap = std::clamp(waited / 10, busy ? kBusyMaxBackoff : kIdleMaxBackoff, kLongMaxBackoff);
-          backoff = std::min(backoff * 2, cap);
+        all_stopped = false;
+        std::unique_lock<std::mutex> lock(set->driver(), std::try_to_lock);
+        if (!lock.owns_lock()) {  // a submitter drives it right now
+          arriving = true;
+          continue;
         }
+        if (!set->cycle_in_flight()) {
+          // Start a cycle when this rank has work, when the set is stopping,
+          // or when the heartbeat is due (idle cycles carry the flags). With a
+          // cycle time, cycles keep at least that far apart and the first
+          // request of a burst waits for the rest to join it.
+          const auto since = std::chrono::duration_cast<microseconds>(now - set->last_cycle());
+          const bool work = set->HasWork();
+          const bool spaced = cycle_time.count() == 0 || since >= cycle_time;
+          const bool due = since >= heartbeat || stopping || set->remove_requested ||
+                           (work && spaced && (set->last_progress() || since >= backoff));
+          if (!due) {
+            auto wait = work ? std::max(cycle_time - since, backoff - since) : heartbeat - since;
+            until_due = std::min(until_due, std::max(wait, microseconds(0)));
+            continue;
+          }
+        }
+        if (set->Advance(IntentFor(*set))) moved = true;
+        if (set->stopped()) {
+          std::lock_guard<std::mutex> lock2(done_mu_);
+          done_cv_.notify_all();
+        }
+        if (set->transferring()) transferring = true;
+        else if (set->cycle_in_flight()) arriving = true;
+      }
+      if (all_stopped) {
+        closing = Status::Error(ErrorKind::kShutdown, global_->closing_message());
+        break;
+      }
+      if (moved || transferring) {
+        // Data moving between ranks that are all here: poll without sleeping.
+        backoff = kMinBackoff;
+        idle_since = Clock::now();
+        if (transferring) std::this_thread::yield();
+        continue;
+      }
+      if (arriving && Clock::now() - idle_since < kBusySpin) {
+        std::this_thread::yield();
+        continue;
+      }
+      // Nothing moved: sleep until news, the next due cycle, or the backoff. A
+      // long wait sleeps longer (at most a tenth of the time waited so far), so
+      // a rank waiting seconds for a late peer costs next to nothing.
+      microseconds sleep = arriving ? backoff : until_due;
+      if (wakeup_.WaitFor(sleep, &seen)) {
+        backoff = kMinBackoff;
+        idle_since = Clock::now();
+      } else if (arriving) {
+        auto waited = std::chrono::duration_cast<microseconds>(Clock::now() - idle_since);
+        backoff = std::min(backoff * 2, std::clamp(waited / 10, kBusyMaxBackoff, kLongMaxBackoff));
       }
     }
-  } catch (const AbandonedError& e) {
-    closing_ = Abandoned();
+  } catch (const AbandonedError&) {
+    closing = Status::Error(ErrorKind::kShutdown,
+                            "jaxcache: the runtime was shut down without the other ranks, which "
+                            "did not answer (a rank died or hangs)");
   } catch (const std::exception& e) {
     Fatal(e);
   }
-  table_.Close(closing_);
+  for (auto& set : Sets()) set->table().Close(closing);
   std::lock_guard<std::mutex> lock(done_mu_);
-  closing_message_ = closing_.message;
+  closing_message_ = closing.message;
   loop_done_ = true;
   done_cv_.notify_all();
 }

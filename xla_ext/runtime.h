@@ -1,21 +1,22 @@
-// The per-process engine: a background thread that owns every MPI call and
-// runs negotiation cycles, the request table that owns every request, and a
-// completion thread. Requests arrive from any thread through Submit().
+// The per-process engine: the process sets (set 0 is the whole job), one
+// background thread that drives every set's cycles, and a completion thread.
+// Requests arrive from any thread through Submit(); a submitter may drive its
+// own set's cycles for a short while (inline driving).
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
-#include "comm.h"
 #include "completion_queue.h"
 #include "config.h"
-#include "controller.h"
 #include "fault_injection.h"
-#include "operations.h"
+#include "process_set.h"
 #include "request_table.h"
 #include "timeline.h"
 
@@ -41,47 +42,49 @@ class Runtime {
 
   ~Runtime();
   // Takes ownership; the outcome, refusals included, arrives through req->done.
-  // With `drive`, when no other thread is driving the runtime, the caller runs
-  // cycles itself for up to JAXCACHE_INLINE_SPIN_US: a request whose peers are
-  // ready completes on the calling thread, with no thread hand-off at all
-  // (docs/control_plane.md, "Who drives the cycles").
+  // With `drive`, when no other thread is driving the request's process set,
+  // the caller runs its cycles for up to JAXCACHE_INLINE_SPIN_US: a request
+  // whose peers are ready completes on the calling thread, with no thread
+  // hand-off at all (docs/control_plane.md, "Who drives the cycles").
   void Submit(RequestPtr req, bool drive = false);
 
-  const Comm& comm() const { return *comm_; }
-  Stats& stats() { return stats_; }
-  std::unordered_map<std::string, uint32_t> CacheLayout() const { return controller_->CacheLayout(); }
-  bool running() const { return !table_.closed(); }
+  // Registers process set `id` over a duplicate of `comm` (collective over its
+  // members; only members call it). Throws if the id is taken.
+  void AddProcessSet(int32_t id, MPI_Comm comm);
+  // Collective over the set's members: stops it once every member asked (or
+  // after `timeout_s`, without the others), failing what is pending in it.
+  // Returns "" or what went wrong.
+  std::string RemoveProcessSet(int32_t id, double timeout_s);
+  // The set, or null if this rank is not a member (or it was removed).
+  std::shared_ptr<ProcessSet> Set(int32_t id) const;
+  // The ids of the sets this rank is a member of.
+  std::vector<int32_t> SetIds() const;
+
+  const Comm& comm() const { return global_->comm(); }
+  ProcessSet& global() { return *global_; }
+  bool running() const { return !global_->table().closed(); }
 
  private:
   Runtime(MPI_Comm comm, const Config& config);
   void Loop();
-  // Requires driver_mu_: begins a cycle unless one is posted, tests it and, if
-  // every rank has joined, finishes it and runs its outcome. True if a cycle
-  // finished.
-  bool Advance();
-  void RunOutcome(CycleOutcome& out);
+  // The sets as they are now (the loop works on a snapshot).
+  std::vector<std::shared_ptr<ProcessSet>> Sets() const;
+  CycleIntent IntentFor(const ProcessSet& set) const;
   // A failure outside every fault-handling step: ends the job (see runtime.cc).
   [[noreturn]] void Fatal(const std::exception& e);
-  void Complete(Request* req, const Status& status);
-  // Waits for the loop to end; true if it did within `seconds`.
-  bool WaitDone(double seconds);
+  // Waits until `done()` holds or `seconds` pass (done_cv_ is notified whenever a set stops).
+  template <typename Pred>
+  bool WaitUntil(double seconds, Pred done);
 
   Config config_;
-  Stats stats_;
   Timeline timeline_;
-  std::unique_ptr<Comm> comm_;
-  FaultInjector faults_;
-  Status closing_;  // why the loop ends (under driver_mu_)
-  CompletionQueue completions_;
-  RequestTable table_{completions_};
-  std::unique_ptr<Controller> controller_;
-  std::unique_ptr<Operations> operations_;
+  std::unique_ptr<FaultInjector> faults_;
   std::atomic<bool> shutdown_requested_{false}, shutdown_forced_{false}, abandon_{false};
-  // Held by whichever thread drives cycles: the background thread, or a
-  // submitter running its own request inline.
-  std::mutex driver_mu_;
-  bool progress_ = true;                 // under driver_mu_: the last cycle decided something
-  std::atomic<bool> stop_loop_{false};  // a cycle decided to shut down (or was abandoned)
+  Wakeup wakeup_;
+  CompletionQueue completions_;
+  mutable std::mutex sets_mu_;
+  std::map<int32_t, std::shared_ptr<ProcessSet>> sets_;
+  std::shared_ptr<ProcessSet> global_;
   std::mutex done_mu_;
   std::condition_variable done_cv_;
   bool loop_done_ = false;

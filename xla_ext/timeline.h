@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -13,10 +14,12 @@ namespace jaxcache {
 
 class Timeline {
  public:
-  Timeline() = default;
-  ~Timeline();
+  Timeline() : state_(std::make_shared<State>()) {}
+  // A view that writes into the same file with every tensor name prefixed
+  // (a process set's collectives: names are only unique within a set).
+  Timeline Scoped(const std::string& prefix) const { return Timeline(state_, prefix); }
   bool Open(const std::string& path, bool mark_cycles);
-  bool enabled() const { return fd_ >= 0; }
+  bool enabled() const { return state_->fd >= 0; }
 
   void Begin(const std::string& tensor, const char* phase, const std::string& args = "");
   void End(const std::string& tensor, const char* phase);
@@ -28,18 +31,25 @@ class Timeline {
   void NegotiateEnd(const std::string& tensor);
 
  private:
+  struct State {
+    ~State();
+    std::mutex mu;
+    int fd = -1;
+    bool mark_cycles = false;
+    bool first = true;
+    long long end_offset = 0;
+    std::unordered_map<std::string, int> tracks;
+    std::unordered_map<std::string, bool> negotiating;
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  };
+  Timeline(std::shared_ptr<State> state, std::string prefix)
+      : state_(std::move(state)), prefix_(std::move(prefix)) {}
   int Track(const std::string& tensor);
   void Write(const std::string& event);
   int64_t Now() const;
 
-  std::mutex mu_;
-  int fd_ = -1;
-  bool mark_cycles_ = false;
-  bool first_ = true;
-  long long end_offset_ = 0;
-  std::unordered_map<std::string, int> tracks_;
-  std::unordered_map<std::string, bool> negotiating_;
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::shared_ptr<State> state_;
+  std::string prefix_;
 };
 
 }  // namespace jaxcache

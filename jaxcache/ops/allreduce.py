@@ -24,7 +24,7 @@ from jax.extend.core import Primitive
 from jax._src.lib.mlir import ir
 from jax.interpreters import ad, batching
 
-from .. import runtime
+from .. import process_sets, runtime
 from .._ext import ensure_registered
 from . import eager, lowering, naming, validation
 
@@ -67,20 +67,21 @@ def _in_place(value, aval, scaled: bool) -> bool:
     return _donated_argument(value)
 
 
-def _lowering(ctx, *args, name, auto_name, op, prescale, postscale, world_size):
+def _lowering(ctx, *args, name, auto_name, op, prescale, postscale, world_size, process_set):
     ensure_registered()
     scaled = prescale != 1.0 or op == "average"
     aliases = {i: i for i, (v, aval) in enumerate(zip(args, ctx.avals_in))
                if _in_place(v, aval, scaled)}
     rule = jax.ffi.ffi_lowering("jaxcache_allreduce", operand_output_aliases=aliases or None)
     return rule(ctx, *args, **naming.lowered(ctx, name, auto_name), world_size=np.int64(world_size),
-                op=np.int64(validation.REDUCE_OPS[op]), prescale=np.float64(prescale),
-                postscale=np.float64(postscale))
+                process_set=np.int64(process_set), op=np.int64(validation.REDUCE_OPS[op]),
+                prescale=np.float64(prescale), postscale=np.float64(postscale))
 
 
-def _impl(*args, name, auto_name, op, prescale, postscale, world_size):
+def _impl(*args, name, auto_name, op, prescale, postscale, world_size, process_set):
     return eager.run(eager.KIND_ALLREDUCE, name, args, [a.shape for a in args], world_size,
-                     op=validation.REDUCE_OPS[op], prescale=prescale, postscale=postscale)
+                     op=validation.REDUCE_OPS[op], prescale=prescale, postscale=postscale,
+                     process_set=process_set)
 
 
 def _jvp(primals, tangents, **params):
@@ -115,21 +116,19 @@ ad.primitive_transposes[allreduce_p] = _transpose
 batching.primitive_batchers[allreduce_p] = _batch
 
 
-def sum_values(values: list, name: str, auto_name: bool = False, world_size: int | None = None) -> list:
+def sum_values(values: list, name: str, auto_name: bool, world_size: int, process_set: int) -> list:
     """An allreduce-sum of traced or concrete values (for other collectives' transposes)."""
-    size = runtime.size() if world_size is None else world_size
     return list(allreduce_p.bind(*values, name=name, auto_name=auto_name, op="sum", prescale=1.0,
-                                 postscale=1.0, world_size=size))
+                                 postscale=1.0, world_size=world_size, process_set=process_set))
 
 
 def reduce_values(values: list, op: str, name: str, prescale: float, postscale: float,
-                  auto_name: bool = False) -> list:
+                  auto_name: bool, ps: process_sets.Resolved) -> list:
     """Reduces already-validated arrays as ONE request; returns the reduced arrays."""
     # The runtime divides an average before the sum: free (it rides on the copy into the
     # result), keeps half-precision sums away from overflow, and counts joined ranks out.
-    size = runtime.size()
     params = dict(name=name, auto_name=auto_name, op=op, prescale=prescale, postscale=postscale,
-                  world_size=size)
+                  world_size=ps.size, process_set=ps.id)
     if not any(isinstance(v, jax.core.Tracer) for v in values):
         # Eager: straight to the runtime, skipping JAX's primitive dispatch.
         return _impl(*values, **params)
@@ -137,18 +136,20 @@ def reduce_values(values: list, op: str, name: str, prescale: float, postscale: 
 
 
 def allreduce(x, op: str = "average", *, name: str | None = None, prescale: float = 1.0,
-              postscale: float = 1.0):
-    """Reduces `x` across all ranks: op is "sum", "average", "min", "max" or "prod".
+              postscale: float = 1.0, process_set=None):
+    """Reduces `x` across all ranks (of `process_set`): op is "sum", "average", "min",
+    "max" or "prod".
 
     The result is `postscale * reduce(prescale * x)` ("average" divides by the number of
-    ranks that contribute: `size`, or the ranks that have not called `join()`).
+    ranks that contribute: the set's size, or the ranks that have not called `join()`).
     Works eagerly and under jit/grad/vmap. `name` matches the call across ranks;
     by default it is derived from the call site.
     """
     runtime.require_initialized("jaxcache.allreduce")
+    ps = process_sets.resolve(process_set, "allreduce")
     op = validation.check_op(op, "allreduce")
     validation.check_name(name, "allreduce")
     x = validation.as_array(x, "allreduce", "x")
     validation.check_reduction(x.dtype, op, prescale, postscale, "allreduce", "x")
     name, auto = naming.collective_name("allreduce", name)
-    return reduce_values([x], op, name, float(prescale), float(postscale), auto)[0]
+    return reduce_values([x], op, name, float(prescale), float(postscale), auto, ps)[0]

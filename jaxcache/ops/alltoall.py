@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
-from .. import runtime
+from .. import process_sets, runtime
 from .._ext import ensure_registered
 from . import eager, lowering, naming, validation
 
@@ -44,16 +44,18 @@ def _abstract_eval(*avals, name, world_size, **params):
     return [jax.core.ShapedArray(a.shape, a.dtype) for a in avals]
 
 
-def _lowering(ctx, *args, name, auto_name, world_size):
+def _lowering(ctx, *args, name, auto_name, world_size, process_set):
     ensure_registered()
     rule = jax.ffi.ffi_lowering("jaxcache_alltoall")
-    return rule(ctx, *args, **naming.lowered(ctx, name, auto_name), world_size=np.int64(world_size))
+    return rule(ctx, *args, **naming.lowered(ctx, name, auto_name), world_size=np.int64(world_size),
+                process_set=np.int64(process_set))
 
 
-def _impl(*args, name, auto_name, world_size):
+def _impl(*args, name, auto_name, world_size, process_set):
     for a in args:  # equal blocks, like under jit (autodiff traces these shapes)
         _check_static(a.shape, world_size, name)
-    return eager.run(eager.KIND_ALLTOALL, name, args, [a.shape for a in args], world_size)
+    return eager.run(eager.KIND_ALLTOALL, name, args, [a.shape for a in args], world_size,
+                     process_set=process_set)
 
 
 def _jvp(primals, tangents, **params):
@@ -82,7 +84,7 @@ ad.primitive_transposes[alltoall_p] = _transpose
 batching.primitive_batchers[alltoall_p] = _batch
 
 
-def alltoall(x, *, name: str | None = None, splits=None):
+def alltoall(x, *, name: str | None = None, splits=None, process_set=None):
     """Sends block j of `x`'s first dimension to rank j; returns the received blocks
     concatenated in rank order.
 
@@ -90,21 +92,24 @@ def alltoall(x, *, name: str | None = None, splits=None):
     has `x`'s shape when every rank does the same. Eagerly, `splits` (rows per destination
     rank, summing to `x.shape[0]`) may differ between ranks; the call then returns
     `(result, received_splits)`, the rows received from each rank. Under jit `splits` must
-    be None. Works under jit/grad/vmap (equal blocks).
+    be None. Works under jit/grad/vmap (equal blocks). With `process_set`, among its
+    ranks: block j goes to the set's rank j.
     """
     runtime.require_initialized("jaxcache.alltoall")
+    ps = process_sets.resolve(process_set, "alltoall")
     validation.check_name(name, "alltoall")
     x = validation.as_array(x, "alltoall", "x")
     validation.check_first_dim(x, "alltoall", "x")
-    size = runtime.size()
+    size = ps.size
     name, auto = naming.collective_name("alltoall", name)
     if isinstance(x, jax.core.Tracer):
         if splits is not None:
             raise ValueError("jaxcache.alltoall: under jit (or grad/vmap) blocks are equal and "
                              "static; splits must be None (call alltoall eagerly for uneven splits)")
-        return alltoall_p.bind(x, name=name, auto_name=auto, world_size=size)[0]
+        return alltoall_p.bind(x, name=name, auto_name=auto, world_size=size, process_set=ps.id)[0]
     counts = [] if splits is None else validation.check_splits(splits, "alltoall")
-    (out,), received = eager.run_allocated(eager.KIND_ALLTOALL, name, [x], size, counts)
+    (out,), received = eager.run_allocated(eager.KIND_ALLTOALL, name, [x], size, counts,
+                                           process_set=ps.id)
     out = jax.device_put(out)  # aliases the runtime's buffer, no copy
     if splits is None:
         return out

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
-from .. import runtime
+from .. import process_sets, runtime
 from .._ext import ensure_registered
 from . import eager, lowering, naming, validation
 from .allreduce import sum_values
@@ -23,18 +23,18 @@ def _abstract_eval(*avals, **params):
     return [jax.core.ShapedArray(a.shape, a.dtype) for a in avals]
 
 
-def _lowering(ctx, *args, name, auto_name, root, world_size):
+def _lowering(ctx, *args, name, auto_name, root, world_size, process_set):
     ensure_registered()
     rule = jax.ffi.ffi_lowering(
         "jaxcache_broadcast", operand_output_aliases={i: i for i in range(len(args))}
     )
     return rule(ctx, *args, **naming.lowered(ctx, name, auto_name), world_size=np.int64(world_size),
-                root=np.int64(root))
+                process_set=np.int64(process_set), root=np.int64(root))
 
 
-def _impl(*args, name, auto_name, root, world_size):
+def _impl(*args, name, auto_name, root, world_size, process_set):
     return eager.run(eager.KIND_BROADCAST, name, args, [a.shape for a in args], world_size,
-                     root=root)
+                     root=root, process_set=process_set)
 
 
 def _jvp(primals, tangents, **params):
@@ -43,12 +43,12 @@ def _jvp(primals, tangents, **params):
     return out, broadcast_p.bind(*tangents, **dict(params, name=naming.derived(params["name"], "jvp")))
 
 
-def _transpose(cts, *args, name, auto_name, root, world_size):
+def _transpose(cts, *args, name, auto_name, root, world_size, process_set):
     # Every rank's cotangent flows back to root's input: a sum at root, zero elsewhere.
     # The rank is read at run time, so every rank runs the same program.
     cts = [ad.instantiate_zeros(c) for c in cts]
-    summed = sum_values(cts, naming.derived(name, "T"), auto_name, world_size)
-    at_root = traced_rank() == root
+    summed = sum_values(cts, naming.derived(name, "T"), auto_name, world_size, process_set)
+    at_root = traced_rank(process_set) == root
     return [jnp.where(at_root, s, jnp.zeros_like(s)) for s in summed]
 
 
@@ -64,19 +64,22 @@ ad.primitive_transposes[broadcast_p] = _transpose
 batching.primitive_batchers[broadcast_p] = _batch
 
 
-def broadcast(tree, root: int = 0, *, name: str | None = None):
-    """Returns root's `tree` on every rank (arrays or a pytree of arrays; None leaves pass)."""
+def broadcast(tree, root: int = 0, *, name: str | None = None, process_set=None):
+    """Returns root's `tree` on every rank (arrays or a pytree of arrays; None leaves pass).
+
+    With `process_set`, on the set's ranks only; `root` is still the root's global rank.
+    """
     runtime.require_initialized("jaxcache.broadcast")
     validation.check_name(name, "broadcast")
-    size = runtime.size()
-    root = validation.check_root(root, size, "broadcast")
+    ps = process_sets.resolve(process_set, "broadcast")
+    root = process_sets.set_root(root, ps, "broadcast")
     leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
     if not leaves:
         return tree
     values = [validation.as_array(v, "broadcast", f"leaf {jax.tree_util.keystr(p) or 'x'}")
               for p, v in leaves]
     name, auto = naming.collective_name("broadcast", name)
-    params = dict(name=name, auto_name=auto, root=root, world_size=size)
+    params = dict(name=name, auto_name=auto, root=root, world_size=ps.size, process_set=ps.id)
     if any(isinstance(v, jax.core.Tracer) for v in values):
         out = broadcast_p.bind(*values, **params)
     else:

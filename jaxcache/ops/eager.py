@@ -71,20 +71,27 @@ def wait(handle, keepalive) -> tuple[int, str]:
         raise
 
 
-def run(kind: int, name: str, inputs: Sequence[jax.Array], out_shapes: Sequence[tuple],
-        world_size: int, op: int = 0, prescale: float = 1.0, postscale: float = 1.0,
-        root: int = 0) -> list[jax.Array]:
-    """Submits one named request, waits for it, and returns new jax arrays.
-
-    `world_size` is the size the request was prepared for (output shapes, the 1/size of
-    "average"); a request prepared before init() on another communicator is refused.
-    """
-    size = ext.size()
+def check_world(name: str, world_size: int, process_set: int) -> None:
+    """Refuses a request prepared for another size of its set (a runtime started since with
+    another communicator, a set registered again with other ranks)."""
+    size = ext.size() if process_set == 0 else ext.set_size(process_set)
     if world_size != size:
+        where = "the runtime" if process_set == 0 else f"process set {process_set}"
         raise CollectiveError(
-            f"jaxcache: collective '{name}' was prepared for {world_size} ranks but the runtime "
+            f"jaxcache: collective '{name}' was prepared for {world_size} ranks but {where} "
             f"now has {size}; trace the function again, e.g. after jax.clear_caches()"
         )
+
+
+def run(kind: int, name: str, inputs: Sequence[jax.Array], out_shapes: Sequence[tuple],
+        world_size: int, op: int = 0, prescale: float = 1.0, postscale: float = 1.0,
+        root: int = 0, process_set: int = 0) -> list[jax.Array]:
+    """Submits one named request, waits for it, and returns new jax arrays.
+
+    `world_size` is the size of the process set the request was prepared for (output
+    shapes, the 1/size of "average"); a request prepared for another size is refused.
+    """
+    check_world(name, world_size, process_set)
     # Results go back to the device of the first operand; its kind joins the signature.
     device, kind_code = _device_of(inputs)
     # np.asarray of a CPU jax array is a read-only view of its buffer: no copy (a GPU array
@@ -93,7 +100,8 @@ def run(kind: int, name: str, inputs: Sequence[jax.Array], out_shapes: Sequence[
     outs = [aligned_empty(shape, x.dtype) for shape, x in zip(out_shapes, ins)]
     codes = [DTYPE_CODES[x.dtype] for x in ins]
     handle = ext.submit(kind, name, [_bits(x) for x in ins], [_bits(o) for o in outs],
-                        op, float(prescale), float(postscale), root, codes, device=kind_code)
+                        op, float(prescale), float(postscale), root, codes, device=kind_code,
+                        process_set=process_set)
     status, message = wait(handle, (ins, outs))
     raise_for_status(status, message)
     if device is None or (kind_code == devices.CPU and jax.default_backend() == "cpu"):
@@ -104,24 +112,19 @@ def run(kind: int, name: str, inputs: Sequence[jax.Array], out_shapes: Sequence[
 
 def run_allocated(kind: int, name: str, inputs: Sequence, world_size: int,
                   splits: Sequence[int] = (), refuse_if_in_flight: bool = False,
-                  ) -> tuple[list[np.ndarray], list[int]]:
+                  process_set: int = 0) -> tuple[list[np.ndarray], list[int]]:
     """An allgather or alltoall whose outputs the runtime sizes from what the ranks agreed.
 
     Returns the outputs as NumPy arrays (views of the runtime's buffers, no copy) and the
     agreed rows: per tensor and rank for an allgather (`rows[t * size + r]`), received from
     each rank for an alltoall.
     """
-    size = ext.size()
-    if world_size != size:
-        raise CollectiveError(
-            f"jaxcache: collective '{name}' was prepared for {world_size} ranks but the runtime "
-            f"now has {size}"
-        )
+    check_world(name, world_size, process_set)
     _, kind_code = _device_of(inputs)
     ins = [np.ascontiguousarray(np.asarray(x)) for x in inputs]
     codes = [DTYPE_CODES[x.dtype] for x in ins]
     handle = ext.submit_allocated(kind, name, [_bits(x) for x in ins], list(splits), codes,
-                                  refuse_if_in_flight, device=kind_code)
+                                  refuse_if_in_flight, device=kind_code, process_set=process_set)
     status, message = wait(handle, ins)
     raise_for_status(status, message)
     outs = [raw.view(x.dtype).reshape(shape) for (raw, shape), x in zip(handle.results(), ins)]

@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import jax
 
-from .. import grouping, runtime
+from .. import grouping, process_sets, runtime
 from . import naming, validation
 from .allreduce import reduce_values
 
 
 def grouped_allreduce(tree, op: str = "average", *, name: str | None = None,
                       num_groups: int | None = None, group_bytes: int | None = None,
-                      groups=None, prescale: float = 1.0, postscale: float = 1.0):
+                      groups=None, prescale: float = 1.0, postscale: float = 1.0,
+                      process_set=None):
     """Reduces every array leaf of `tree`; returns a pytree of the same structure.
 
     Leaves are split into groups (default: reverse leaf order, at most
     JAXCACHE_FUSION_THRESHOLD bytes each; or `num_groups`, `group_bytes`, or an
     explicit `groups`). Each group is one request, negotiated and cached as a
     unit and reduced only when all its members are ready on every rank.
-    None leaves pass through untouched.
+    None leaves pass through untouched. `process_set`: reduce across its ranks only.
     """
     runtime.require_initialized("jaxcache.grouped_allreduce")
+    ps = process_sets.resolve(process_set, "grouped_allreduce")
     op = validation.check_op(op, "grouped_allreduce")
     validation.check_name(name, "grouped_allreduce")
     leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
@@ -40,7 +42,7 @@ def grouped_allreduce(tree, op: str = "average", *, name: str | None = None,
     out = [None] * len(values)
     for g, members in enumerate(plan):
         reduced = reduce_values([values[i] for i in members], op, f"{base}/{g}of{len(plan)}",
-                                float(prescale), float(postscale), auto)
+                                float(prescale), float(postscale), auto, ps)
         for i, r in zip(members, reduced):
             out[i] = r
     return jax.tree_util.tree_unflatten(treedef, out)

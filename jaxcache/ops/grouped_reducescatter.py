@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import jax
 
-from .. import grouping, runtime
+from .. import grouping, process_sets, runtime
 from . import naming, validation
 from .reducescatter import check_leaf, scatter_values
 
 
 def grouped_reducescatter(tree, op: str = "average", *, name: str | None = None,
                           num_groups: int | None = None, group_bytes: int | None = None,
-                          groups=None, prescale: float = 1.0, postscale: float = 1.0):
+                          groups=None, prescale: float = 1.0, postscale: float = 1.0,
+                          process_set=None):
     """reducescatter of every array leaf of `tree`; returns this rank's slices, same structure.
 
     Leaves are grouped like grouped_allreduce (default: reverse leaf order, at most
@@ -19,6 +20,7 @@ def grouped_reducescatter(tree, op: str = "average", *, name: str | None = None,
     explicit `groups`); each group is one request, negotiated and cached as a unit.
     """
     runtime.require_initialized("jaxcache.grouped_reducescatter")
+    ps = process_sets.resolve(process_set, "grouped_reducescatter")
     op = validation.check_op(op, "grouped_reducescatter")
     validation.check_name(name, "grouped_reducescatter")
     leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
@@ -34,7 +36,7 @@ def grouped_reducescatter(tree, op: str = "average", *, name: str | None = None,
     out = [None] * len(values)
     for g, members in enumerate(plan):
         scattered = scatter_values([values[i] for i in members], op, f"{base}/{g}of{len(plan)}",
-                                   float(prescale), float(postscale), auto)
+                                   float(prescale), float(postscale), auto, ps)
         for i, r in zip(members, scattered):
             out[i] = r
     return jax.tree_util.tree_unflatten(treedef, out)

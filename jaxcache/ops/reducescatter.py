@@ -24,8 +24,8 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
-from .. import runtime
-from .._ext import ensure_registered
+from .. import process_sets, runtime
+from .._ext import ensure_registered, ext
 from . import eager, lowering, naming, validation
 
 reducescatter_p = Primitive("jaxcache_reducescatter")
@@ -55,24 +55,26 @@ def _abstract_eval(*avals, name, world_size, **params):
             for a in avals]
 
 
-def _lowering(ctx, *args, name, auto_name, op, prescale, postscale, world_size):
+def _lowering(ctx, *args, name, auto_name, op, prescale, postscale, world_size, process_set):
     ensure_registered()
     rule = jax.ffi.ffi_lowering("jaxcache_reducescatter")
     return rule(ctx, *args, **naming.lowered(ctx, name, auto_name), world_size=np.int64(world_size),
-                op=np.int64(validation.REDUCE_OPS[op]), prescale=np.float64(prescale),
-                postscale=np.float64(postscale))
+                process_set=np.int64(process_set), op=np.int64(validation.REDUCE_OPS[op]),
+                prescale=np.float64(prescale), postscale=np.float64(postscale))
 
 
-def _run(args, name, op, prescale, postscale, world_size, rank):
+def _run(args, name, op, prescale, postscale, world_size, process_set, rank):
     shapes = [(scatter_rows(a.shape[0], world_size, rank), *a.shape[1:]) for a in args]
     return eager.run(eager.KIND_REDUCESCATTER, name, args, shapes, world_size,
-                     op=validation.REDUCE_OPS[op], prescale=prescale, postscale=postscale)
+                     op=validation.REDUCE_OPS[op], prescale=prescale, postscale=postscale,
+                     process_set=process_set)
 
 
-def _impl(*args, name, auto_name, op, prescale, postscale, world_size):
+def _impl(*args, name, auto_name, op, prescale, postscale, world_size, process_set):
     for a in args:  # the same static shapes as under jit (autodiff traces them)
         _static_rows(a.shape, world_size, name)
-    return _run(args, name, op, prescale, postscale, world_size, runtime.rank())
+    rank = runtime.rank() if process_set == 0 else ext.set_rank(process_set)
+    return _run(args, name, op, prescale, postscale, world_size, process_set, rank)
 
 
 def _jvp(primals, tangents, **params):
@@ -86,14 +88,14 @@ def _jvp(primals, tangents, **params):
     return out, reducescatter_p.bind(*tangents, **dict(params, name=naming.derived(params["name"], "jvp")))
 
 
-def _transpose(cts, *args, name, auto_name, op, prescale, postscale, world_size):
+def _transpose(cts, *args, name, auto_name, op, prescale, postscale, world_size, process_set):
     # y_r = post * sum_q (pre * x_q)[slice r] (/ size for an average): x_q's cotangent is
     # the concatenation of every rank's cotangent slice, scaled.
     from .allgather import allgather_p  # the two transposes refer to each other
 
     cts = [ad.instantiate_zeros(c) for c in cts]
     gathered = allgather_p.bind(*cts, name=naming.derived(name, "T"), auto_name=auto_name,
-                                world_size=world_size)
+                                world_size=world_size, process_set=process_set)
     factor = prescale * postscale / (world_size if op == "average" else 1)
     return [g if factor == 1.0 else g * jnp.asarray(factor, g.dtype) for g in gathered]
 
@@ -114,14 +116,13 @@ batching.primitive_batchers[reducescatter_p] = _batch
 
 
 def scatter_values(values: list, op: str, name: str, prescale: float, postscale: float,
-                   auto_name: bool = False) -> list:
+                   auto_name: bool, ps: process_sets.Resolved) -> list:
     """Reduce-scatters already-validated arrays as ONE request."""
-    size = runtime.size()
     params = dict(name=name, auto_name=auto_name, op=op, prescale=prescale, postscale=postscale,
-                  world_size=size)
+                  world_size=ps.size, process_set=ps.id)
     if not any(isinstance(v, jax.core.Tracer) for v in values):
         # Eager: straight to the runtime; the first dimension may split unevenly.
-        return _run(values, name, op, prescale, postscale, size, runtime.rank())
+        return _run(values, name, op, prescale, postscale, ps.size, ps.id, ps.rank)
     return list(reducescatter_p.bind(*values, **params))
 
 
@@ -133,18 +134,20 @@ def check_leaf(x, op: str, prescale, postscale, fn: str, what: str):
 
 
 def reducescatter(x, op: str = "average", *, name: str | None = None, prescale: float = 1.0,
-                  postscale: float = 1.0):
+                  postscale: float = 1.0, process_set=None):
     """Reduces `x` across ranks; returns this rank's slice of the first dimension.
 
     op is "sum", "average", "min", "max" or "prod"; the result is
     `postscale * reduce(prescale * x)[rows of this rank]`. Rank r gets
     `x.shape[0] // size` rows, one more when `r < x.shape[0] % size`; under jit the first
     dimension must be divisible by the number of ranks. Works eagerly and under
-    jit/grad/vmap; the gradient of a sum is the allgather of the cotangents.
+    jit/grad/vmap; the gradient of a sum is the allgather of the cotangents. With
+    `process_set`, across its ranks, sliced in the set's rank order.
     """
     runtime.require_initialized("jaxcache.reducescatter")
+    ps = process_sets.resolve(process_set, "reducescatter")
     op = validation.check_op(op, "reducescatter")
     validation.check_name(name, "reducescatter")
     x = check_leaf(x, op, prescale, postscale, "reducescatter", "x")
     name, auto = naming.collective_name("reducescatter", name)
-    return scatter_values([x], op, name, float(prescale), float(postscale), auto)[0]
+    return scatter_values([x], op, name, float(prescale), float(postscale), auto, ps)[0]

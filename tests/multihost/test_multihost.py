@@ -122,6 +122,19 @@ def test_allreduce_bytes_cross_the_veth(job_run, cluster):
         assert t["rx_bytes"] >= volume, res.traffic
 
 
+def test_process_set_per_host_and_global(cluster):
+    """One process set per host (from COMM_WORLD.Split) and the global set, in one jitted step."""
+    pythonpath = _job_pythonpath("jaxcache")
+    res = run_job(cluster, "job_process_sets.py", ["--ranks-per-host", RANKS_PER_HOST],
+                  ranks_per_host=RANKS_PER_HOST, timeout=JOB_TIMEOUT, pythonpath=pythonpath)
+    assert not res.timed_out, f"process-set job hung\n{res.describe()}"
+    assert res.rc == 0, res.describe()
+    assert [r["rank"] for r in res.ranks] == list(range(HOSTS * RANKS_PER_HOST)), res.describe()
+    assert all(r["ok"] for r in res.ranks), res.describe()
+    print("\n[process sets] per-host set counters (cycles, coordinator rounds, cache hits):",
+          [(r["node_cycles"], r["node_coordinator_rounds"], r["node_cache_hits"]) for r in res.ranks])
+
+
 def test_hosts_given_as_addresses(cluster):
     """mpiexec -hosts 10.77.0.1,10.77.0.2 works as well as host names."""
     res = run_job(cluster, "job_allreduce.py", ["--nbytes", 1 << 16, "--iters", 2],
