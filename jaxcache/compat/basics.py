@@ -9,7 +9,8 @@ from .. import runtime as _runtime
 from .._ext import ext
 from ..errors import JaxcacheError, raise_for_status
 from ..ops.eager import DTYPE_CODES, KIND_ALLGATHER
-from . import pending, process_sets
+from ..process_sets import ProcessSet as _ProcessSet
+from . import pending
 
 HorovodInternalError = JaxcacheError  # what Horovod code catches around collectives
 
@@ -53,12 +54,32 @@ def init(comm=None, process_sets=None) -> None:
     """Horovod's hvd.init(comm=None, process_sets=None) over jaxcache's runtime (collective).
 
     comm: None (MPI.COMM_WORLD), an mpi4py communicator, or a list of COMM_WORLD ranks.
-    process_sets: only None (or an empty list) until process sets land (issue 14).
+    process_sets: None, "dynamic" (Horovod's switch for add_process_set later; jaxcache always
+    allows it) or a list of ProcessSets (or rank lists, or communicators) to register, in
+    order, on every rank: each object passed gets its process_set_id. A list naming the same
+    ranks twice raises ValueError on every rank, as Horovod.
     """
-    if process_sets is not None and (isinstance(process_sets, str) or len(list(process_sets))):
-        pending.process_sets(f"init(process_sets={process_sets!r})")
-    _runtime.init(_communicator(comm))
+    sets = _process_set_list(process_sets)
+    _runtime.init(_communicator(comm), process_sets=sets)
     _learn_topology()
+
+
+def _process_set_list(process_sets) -> list:
+    if process_sets is None:
+        return []
+    if isinstance(process_sets, str):
+        if process_sets.lower() == "dynamic":
+            return []
+        raise ValueError(f"jaxcache init: process_sets must be None, 'dynamic' or a list of "
+                         f"ProcessSets, got {process_sets!r}")
+    if isinstance(process_sets, _ProcessSet):
+        raise TypeError("jaxcache init: process_sets must be a list of ProcessSets, got one "
+                        "ProcessSet (wrap it in a list)")
+    try:
+        return list(process_sets)
+    except TypeError:
+        raise TypeError(f"jaxcache init: process_sets must be a list of ProcessSets, got "
+                        f"{type(process_sets).__name__}") from None
 
 
 def _learn_topology() -> None:
@@ -75,7 +96,6 @@ def _learn_topology() -> None:
     # Horovod's cross communicator: the ranks that share this rank's local rank, in rank order.
     peers = [r for r in range(size) if local_ranks[r] == my_local]
     _topology = (peers.index(me), len(peers), len(set(local_sizes)) == 1)
-    process_sets.set_global_ranks(size)
 
 
 def shutdown() -> None:

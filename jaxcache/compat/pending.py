@@ -4,7 +4,6 @@ Every pending name in jaxcache.torch / jaxcache.tensorflow calls exactly one fun
 here, after validating its arguments. When the runtime feature lands, replace the body
 of that function (and move the name from "pending" to "same" in docs/horovod.md).
 
-    process_sets     issue 14 (process sets other than the global one)
     timeline         no issue yet (start/stop the timeline while the runtime runs)
 """
 
@@ -17,10 +16,6 @@ class PendingFeatureError(NotImplementedError):
 
 def _pending(what: str, issue: str) -> PendingFeatureError:
     return PendingFeatureError(f"jaxcache: {what} arrives with {issue}")
-
-
-def process_sets(fn: str):
-    raise _pending(f"{fn} (process sets other than global_process_set)", "issue 14 (process sets)")
 
 
 def timeline(fn: str):

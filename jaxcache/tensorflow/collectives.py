@@ -8,7 +8,8 @@
                                   and times size for Sum (Horovod's scaling)
     alltoall                      gradient: alltoall of the gradient, sending back the rows received
 
-Backward collectives are named `<name>/grad`. tf.IndexedSlices are reduced by an allgather of
+Backward collectives are named `<name>/grad` and run in the forward's process set (sizes and
+ranks above are the set's; `root_rank` is a global rank). tf.IndexedSlices are reduced by an allgather of
 their values and indices (sparse.py). device_dense / device_sparse / ignore_name_scope are
 accepted for compatibility: tensors are staged through host memory and names never include
 TensorFlow name scopes.
@@ -20,8 +21,8 @@ import numpy as np
 import tensorflow as tf
 
 from .. import runtime as _runtime
-from ..compat import process_sets, reduce_ops
-from ..compat.process_sets import global_process_set
+from ..compat import reduce_ops
+from ..compat.process_sets import Resolved, global_process_set
 from . import ops, sparse
 from . import compression as _compression
 from .compression import Compression
@@ -33,13 +34,13 @@ def _differentiable(tensors) -> bool:
     return all(t.dtype.is_floating or t.dtype.is_complex for t in tensors)
 
 
-def reduce_tensors(tensors: list, name: str, op: str, pre: float, post: float) -> list:
-    """One atomic allreduce request over validated dense tensors; differentiable."""
+def reduce_tensors(tensors: list, name: str, op: str, pre: float, post: float, ps: Resolved) -> list:
+    """One atomic allreduce request over validated dense tensors in set `ps`; differentiable."""
     code, pre_w, post_w = ops.reduce_args(op, pre, post)
 
     def run(xs, nm):
         return ops.run(ops.KIND_ALLREDUCE, [nm], [list(xs)], op=code, prescale=pre_w,
-                       postscale=post_w)[0]
+                       postscale=post_w, process_set=ps)[0]
 
     if not _differentiable(tensors):
         return run(tensors, name)
@@ -59,15 +60,15 @@ def _zeros_for_none(dys, like) -> list:
     return [tf.zeros_like(y) if d is None else tf.convert_to_tensor(d) for d, y in zip(dys, like)]
 
 
-def _gather(tensors: list, name: str) -> tuple[list, tf.Tensor]:
+def _gather(tensors: list, name: str, ps: Resolved) -> tuple[list, tf.Tensor]:
     """One atomic allgather request (not differentiable): results and every rank's rows."""
-    (outs, rows), = ops.run_allocated(ops.KIND_ALLGATHER, [name], [list(tensors)])
+    (outs, rows), = ops.run_allocated(ops.KIND_ALLGATHER, [name], [list(tensors)], process_set=ps)
     return outs, rows
 
 
-def _own_rows(grad, x, rows, i: int):
+def _own_rows(grad, x, rows, i: int, ps: Resolved):
     """This rank's part of the gradient of tensor i of an allgather whose rows the ranks agreed."""
-    size, r = _runtime.size(), _runtime.rank()
+    size, r = ps.size, ps.rank
     mine = rows[i * size:(i + 1) * size]
     offset = tf.reduce_sum(mine[:r])
     if x.shape.rank == 0:
@@ -75,35 +76,35 @@ def _own_rows(grad, x, rows, i: int):
     return grad[offset:offset + mine[r]]
 
 
-def gather_tensors(tensors: list, name: str) -> list:
+def gather_tensors(tensors: list, name: str, ps: Resolved) -> list:
     """One atomic allgather request (first dimensions may differ); differentiable (Horovod's rule)."""
     if not _differentiable(tensors):
-        return _gather(tensors, name)[0]
+        return _gather(tensors, name, ps)[0]
 
     @tf.custom_gradient
     def f(*xs):
-        ys, rows = _gather(xs, name)
+        ys, rows = _gather(xs, name, ps)
 
         def grad(*dys):
-            reduced = reduce_tensors(_zeros_for_none(dys, ys), f"{name}/grad", "average", 1.0, 1.0)
-            return [_own_rows(g, x, rows, i) for i, (g, x) in enumerate(zip(reduced, xs))]
+            reduced = reduce_tensors(_zeros_for_none(dys, ys), f"{name}/grad", "average", 1.0, 1.0, ps)
+            return [_own_rows(g, x, rows, i, ps) for i, (g, x) in enumerate(zip(reduced, xs))]
         return ys, grad
 
     out = f(*tensors)
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-def scatter_tensors(tensors: list, name: str, op: str, pre: float, post: float) -> list:
+def scatter_tensors(tensors: list, name: str, op: str, pre: float, post: float, ps: Resolved) -> list:
     """One atomic reducescatter request over validated tensors; differentiable (Horovod's rule)."""
     code, pre_w, post_w = ops.reduce_args(op, pre, post)
 
     def run(xs):
         return ops.run(ops.KIND_REDUCESCATTER, [name], [list(xs)], op=code, prescale=pre_w,
-                       postscale=post_w)[0]
+                       postscale=post_w, process_set=ps)[0]
 
     if not _differentiable(tensors):
         return run(tensors)
-    factor = (_runtime.size() if op == "sum" else 1.0) * pre * post
+    factor = (ps.size if op == "sum" else 1.0) * pre * post
 
     @tf.custom_gradient
     def f(*xs):
@@ -113,18 +114,18 @@ def scatter_tensors(tensors: list, name: str, op: str, pre: float, post: float) 
             dys = _zeros_for_none(dys, ys)
             if factor != 1.0:
                 dys = [d * tf.cast(factor, d.dtype) for d in dys]
-            return _gather(dys, f"{name}/grad")[0]
+            return _gather(dys, f"{name}/grad", ps)[0]
         return ys, grad
 
     out = f(*tensors)
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-def exchange(tensor, splits, name: str) -> tuple:
+def exchange(tensor, splits, name: str, ps: Resolved) -> tuple:
     """One alltoall request: (rows received in rank order, rows received from each rank as
     int32); differentiable (the gradient goes back with the received splits)."""
     def run(x, s, nm):
-        (outs, received), = ops.run_allocated(ops.KIND_ALLTOALL, [nm], [[x]], [s])
+        (outs, received), = ops.run_allocated(ops.KIND_ALLTOALL, [nm], [[x]], [s], process_set=ps)
         return outs[0], received
 
     if not _differentiable([tensor]):
@@ -158,28 +159,28 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
               op=None, prescale_factor=1.0, postscale_factor=1.0, name=None,
               process_set=global_process_set, ignore_name_scope=False, *, prescale=None,
               postscale=None):
-    """The reduction of `tensor` (tf.Tensor, tf.Variable or tf.IndexedSlices) over all ranks.
+    """The reduction of `tensor` (tf.Tensor, tf.Variable or tf.IndexedSlices) over all ranks
+    (of `process_set`).
 
     op: Average (default), Sum, Min, Max, Product (or 'average', 'sum', ...). IndexedSlices
     are allgathered (values and indices) and stay IndexedSlices (Sum or Average only).
     """
     fn = "allreduce"
-    process_sets.check(process_set, f"tensorflow.{fn}")
     op = reduce_ops.resolve(op, average, f"tensorflow.{fn}")
     pre, post = reduce_ops.scales(prescale_factor, postscale_factor, prescale, postscale,
                                   f"tensorflow.{fn}")
-    _runtime.require_initialized(f"jaxcache.tensorflow.{fn}")
+    ps = ops.set_of(process_set, fn)
     if isinstance(tensor, tf.IndexedSlices):
         if pre != 1.0 or post != 1.0:
             raise NotImplementedError("jaxcache.tensorflow.allreduce: prescale/postscale factors do "
                                       "not apply to tf.IndexedSlices (as in Horovod)")
-        return sparse.reduce_slices([tensor], [ops.auto_name("allreduce", name, fn)], op, fn)[0]
+        return sparse.reduce_slices([tensor], [ops.auto_name("allreduce", name, fn)], op, fn, ps)[0]
     t = _tensor(tensor, fn, name)
     ops.check_reduction(t, op, pre, post, fn, f"tensor {name!r}" if name else "tensor")
     _compression.check(compression, fn)
     name = ops.auto_name("allreduce", name, fn)
     c, ctx = compression.compress(t)
-    return compression.decompress(reduce_tensors([c], name, op, pre, post)[0], ctx)
+    return compression.decompress(reduce_tensors([c], name, op, pre, post, ps)[0], ctx)
 
 
 @_api
@@ -189,7 +190,6 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
                       name=None, *, prescale=None, postscale=None):
     """Reduces a list of tensors as one atomic (fused) request; IndexedSlices are allgathered."""
     fn = "grouped_allreduce"
-    process_sets.check(process_set, f"tensorflow.{fn}")
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"jaxcache.tensorflow.{fn}: tensors must be a list or tuple, got "
                         f"{type(tensors).__name__}")
@@ -198,7 +198,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
     op = reduce_ops.resolve(op, average, f"tensorflow.{fn}")
     pre, post = reduce_ops.scales(prescale_factor, postscale_factor, prescale, postscale,
                                   f"tensorflow.{fn}")
-    _runtime.require_initialized(f"jaxcache.tensorflow.{fn}")
+    ps = ops.set_of(process_set, fn)
     out: list = [None] * len(tensors)
     dense, slices = [], []
     for i, x in enumerate(tensors):
@@ -215,13 +215,13 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
             raise NotImplementedError(f"jaxcache.tensorflow.{fn}: prescale/postscale factors do not "
                                       "apply to tf.IndexedSlices (as in Horovod)")
         reduced = sparse.reduce_slices([tensors[i] for i in slices],
-                                       [f"{name}/slices{i}" for i in slices], op, fn)
+                                       [f"{name}/slices{i}" for i in slices], op, fn, ps)
         for i, r in zip(slices, reduced):
             out[i] = r
     if dense:
         _compression.check(compression, fn)
         compressed = [compression.compress(t) for _, t in dense]
-        reduced = reduce_tensors([c for c, _ in compressed], name, op, pre, post)
+        reduced = reduce_tensors([c for c, _ in compressed], name, op, pre, post, ps)
         for (i, _), (_, ctx), r in zip(dense, compressed, reduced):
             out[i] = compression.decompress(r, ctx)
     return out
@@ -229,42 +229,41 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
 
 @_api
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
-    """Every rank's `tensor` concatenated along axis 0 in rank order (a scalar gives a vector).
+    """Every rank's `tensor` concatenated along axis 0 in rank order (of `process_set`; a scalar
+    gives a vector).
 
     The first dimension may differ between ranks; the others must agree. Differentiable.
     Inside tf.function the result's first dimension is unknown until it runs.
     """
-    process_sets.check(process_set, "tensorflow.allgather")
-    _runtime.require_initialized("jaxcache.tensorflow.allgather")
+    ps = ops.set_of(process_set, "allgather")
     t = _tensor(tensor, "allgather", name)
-    return gather_tensors([t], ops.auto_name("allgather", name, "allgather"))[0]
+    return gather_tensors([t], ops.auto_name("allgather", name, "allgather"), ps)[0]
 
 
 @_api
 def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
     """allgather of every tensor of the list as one atomic request (differentiable)."""
-    process_sets.check(process_set, "tensorflow.grouped_allgather")
-    _runtime.require_initialized("jaxcache.tensorflow.grouped_allgather")
+    ps = ops.set_of(process_set, "grouped_allgather")
     if not isinstance(tensors, (list, tuple)):
         raise TypeError("jaxcache.tensorflow.grouped_allgather: tensors must be a list or tuple, got "
                         f"{type(tensors).__name__}")
     if not tensors:
         return []
     ts = [ops.as_tensor(x, "grouped_allgather", f"tensors[{i}]") for i, x in enumerate(tensors)]
-    return gather_tensors(ts, ops.auto_name("grouped_allgather", name, "grouped_allgather"))
+    return gather_tensors(ts, ops.auto_name("grouped_allgather", name, "grouped_allgather"), ps)
 
 
 @_api
 def broadcast(tensor, root_rank=0, name=None, ignore_name_scope=False, process_set=global_process_set):
-    """`root_rank`'s value of `tensor` on every rank (differentiable)."""
-    process_sets.check(process_set, "tensorflow.broadcast")
-    _runtime.require_initialized("jaxcache.tensorflow.broadcast")
+    """`root_rank`'s value of `tensor` on every rank (of `process_set`; `root_rank` is a global
+    rank); differentiable."""
+    ps = ops.set_of(process_set, "broadcast")
     t = _tensor(tensor, "broadcast", name)
-    root = ops.validation.check_root(root_rank, _runtime.size(), "tensorflow.broadcast")
+    root = ops.set_root(root_rank, ps, "broadcast")
     name = ops.auto_name("broadcast", name, "broadcast")
 
     def run(x, nm):
-        return ops.run(ops.KIND_BROADCAST, [nm], [[x]], root=root)[0][0]
+        return ops.run(ops.KIND_BROADCAST, [nm], [[x]], root=root, process_set=ps)[0][0]
 
     if not _differentiable([t]):
         return run(t, name)
@@ -272,8 +271,9 @@ def broadcast(tensor, root_rank=0, name=None, ignore_name_scope=False, process_s
     @tf.custom_gradient
     def f(x):
         def grad(dy):
-            reduced = reduce_tensors([tf.convert_to_tensor(dy)], f"{name}/grad", "average", 1.0, 1.0)[0]
-            return reduced if _runtime.rank() == root else reduced * 0
+            reduced = reduce_tensors([tf.convert_to_tensor(dy)], f"{name}/grad", "average", 1.0, 1.0,
+                                     ps)[0]
+            return reduced if ps.rank == root else reduced * 0
         return run(x, name), grad
 
     return f(t)
@@ -282,9 +282,8 @@ def broadcast(tensor, root_rank=0, name=None, ignore_name_scope=False, process_s
 @_api
 def broadcast_(variables, root_rank=0, name=None, process_set=global_process_set):
     """In-place broadcast: assigns root_rank's values to `variables`; returns their new values."""
-    process_sets.check(process_set, "tensorflow.broadcast_")
-    _runtime.require_initialized("jaxcache.tensorflow.broadcast_")
-    root = ops.validation.check_root(root_rank, _runtime.size(), "tensorflow.broadcast_")
+    ps = ops.set_of(process_set, "broadcast_")
+    root = ops.set_root(root_rank, ps, "broadcast_")
     if isinstance(variables, (tf.Variable, tf.Tensor)) or not hasattr(variables, "__iter__"):
         raise TypeError("jaxcache.tensorflow.broadcast_: pass a list of variables")
     variables = list(variables)
@@ -296,7 +295,7 @@ def broadcast_(variables, root_rank=0, name=None, process_set=global_process_set
         values.append(ops.as_tensor(v, "broadcast_", f"variable {getattr(v, 'name', i)!r}"))
     base = ops.auto_name("broadcast_", name, "broadcast_")
     outs = ops.run(ops.KIND_BROADCAST, [f"{base}/{i}" for i in range(len(values))],
-                   [[t] for t in values], root=root)
+                   [[t] for t in values], root=root, process_set=ps)
     return [v.assign(o) for v, (o,) in zip(variables, outs)]
 
 
@@ -304,9 +303,10 @@ def broadcast_(variables, root_rank=0, name=None, process_set=global_process_set
 def reducescatter(tensor, device_dense="", compression=Compression.none, op=reduce_ops.Average,
                   name=None, process_set=global_process_set, ignore_name_scope=False,
                   prescale_factor=1.0, postscale_factor=1.0, *, prescale=None, postscale=None):
-    """Reduces `tensor` over all ranks and returns this rank's rows of axis 0 (differentiable).
+    """Reduces `tensor` over all ranks (of `process_set`) and returns this rank's rows of axis 0
+    (differentiable).
 
-    Rank r gets `shape[0] // size` rows, one more when `r < shape[0] % size` (Horovod's
+    Rank r (of the set) gets `shape[0] // size` rows, one more when `r < shape[0] % size` (Horovod's
     split). op: Average (default), Sum, Min, Max, Product (or 'average', 'sum', ...); an
     average divides by the ranks that contribute (those that have not joined).
     """
@@ -330,11 +330,10 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
 
 def _reducescatter(tensors, name, compression, op, process_set, prescale_factor, postscale_factor,
                    prescale, postscale, fn: str, single: bool) -> list:
-    process_sets.check(process_set, f"tensorflow.{fn}")
     op = reduce_ops.resolve(op, None, f"tensorflow.{fn}")
     pre, post = reduce_ops.scales(prescale_factor, postscale_factor, prescale, postscale,
                                   f"tensorflow.{fn}")
-    _runtime.require_initialized(f"jaxcache.tensorflow.{fn}")
+    ps = ops.set_of(process_set, fn)
     _compression.check(compression, fn)
     ts = []
     for i, x in enumerate(tensors):
@@ -346,20 +345,19 @@ def _reducescatter(tensors, name, compression, op, process_set, prescale_factor,
         ts.append(t)
     name = ops.auto_name(fn, name, fn)
     compressed = [compression.compress(t) for t in ts]
-    outs = scatter_tensors([c for c, _ in compressed], name, op, pre, post)
+    outs = scatter_tensors([c for c, _ in compressed], name, op, pre, post, ps)
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, compressed)]
 
 
 @_api
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
-    """Sends `splits[j]` rows of axis 0 to rank j (default: `size` equal blocks) and returns the
-    rows received, concatenated in rank order (differentiable).
+    """Sends `splits[j]` rows of axis 0 to rank j (of `process_set`; default: `size` equal
+    blocks) and returns the rows received, concatenated in rank order (differentiable).
 
     With `splits` (a list, array or integer tensor; may differ per rank) it returns
     `(tensor, received_splits)`, the rows that came from each rank (int32), as Horovod does.
     """
-    process_sets.check(process_set, "tensorflow.alltoall")
-    _runtime.require_initialized("jaxcache.tensorflow.alltoall")
+    ps = ops.set_of(process_set, "alltoall")
     what = f"tensor {name!r}" if name else "tensor"
     t = _tensor(tensor, "alltoall", name)
     _check_first_dim(t, "alltoall", what)
@@ -374,7 +372,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
             if not counts.dtype.is_integer:
                 raise TypeError("jaxcache.tensorflow.alltoall: splits must be integers, got "
                                 f"{counts.dtype.name}")
-    out, received = exchange(t, counts, ops.auto_name("alltoall", name, "alltoall"))
+    out, received = exchange(t, counts, ops.auto_name("alltoall", name, "alltoall"), ps)
     return out if splits is None else (out, received)
 
 

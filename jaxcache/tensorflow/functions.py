@@ -5,23 +5,21 @@ from __future__ import annotations
 import tensorflow as tf
 
 from .. import objects
-from .. import runtime as _runtime
-from ..compat import process_sets, unsupported
+from ..compat import unsupported
 from ..compat.process_sets import global_process_set
-from ..ops import validation
 from . import ops
 
 
 @ops._api
 def broadcast_variables(variables, root_rank=0, process_set=global_process_set, inplace=False, *,
                         name: str = "tf.broadcast_variables"):
-    """Assigns `root_rank`'s value to every variable (one request per variable, all in flight).
+    """Assigns `root_rank`'s value to every variable (one request per variable, all in flight),
+    on the ranks of `process_set` (`root_rank` is a global rank).
 
     `inplace` is accepted for Horovod compatibility (values are assigned either way).
     """
-    process_sets.check(process_set, "tensorflow.broadcast_variables")
-    _runtime.require_initialized("jaxcache.tensorflow.broadcast_variables")
-    root = validation.check_root(root_rank, _runtime.size(), "tensorflow.broadcast_variables")
+    ps = ops.set_of(process_set, "broadcast_variables")
+    root = ops.set_root(root_rank, ps, "broadcast_variables")
     if isinstance(variables, (tf.Variable, tf.Tensor)):
         raise TypeError("jaxcache.tensorflow.broadcast_variables: pass a list of variables, "
                         "e.g. model.variables")
@@ -35,7 +33,7 @@ def broadcast_variables(variables, root_rank=0, process_set=global_process_set, 
     if not values:
         return None
     names = [f"{name}/{i}" for i in range(len(values))]
-    outs = ops.run(ops.KIND_BROADCAST, names, [[t] for t in values], root=root)
+    outs = ops.run(ops.KIND_BROADCAST, names, [[t] for t in values], root=root, process_set=ps)
     assigns = [v.assign(o) for v, (o,) in zip(variables, outs)]
     return None if tf.executing_eagerly() else tf.group(*assigns)
 
@@ -47,30 +45,31 @@ def _no_session(session, fn: str) -> None:
 
 
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
-    """`root_rank`'s picklable `obj` on every rank (jaxcache.objects, shared by every bridge)."""
+    """`root_rank`'s picklable `obj` on every rank of `process_set` (jaxcache.objects, shared by
+    every bridge; `root_rank` is a global rank)."""
     _no_session(session, "broadcast_object")
-    process_sets.check(process_set, "tensorflow.broadcast_object")
-    return objects.broadcast(obj, root_rank, name or "tf.broadcast_object", "tensorflow.broadcast_object")
+    return objects.broadcast(obj, root_rank, name or "tf.broadcast_object", "tensorflow.broadcast_object",
+                             process_set)
 
 
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
     """A function obj -> root_rank's obj (Horovod builds its graph once; here it is a closure)."""
     _no_session(session, "broadcast_object_fn")
-    process_sets.check(process_set, "tensorflow.broadcast_object_fn")
-    validation.check_root(root_rank, _runtime.size(), "tensorflow.broadcast_object_fn")
+    ops.set_root(root_rank, ops.set_of(process_set, "broadcast_object_fn"), "broadcast_object_fn")
     base = name or "tf.broadcast_object_fn"
 
     def _bcast(obj):
-        return objects.broadcast(obj, root_rank, base, "tensorflow.broadcast_object_fn")
+        return objects.broadcast(obj, root_rank, base, "tensorflow.broadcast_object_fn", process_set)
 
     return _bcast
 
 
 def allgather_object(obj, session=None, name=None, process_set=global_process_set) -> list:
-    """Every rank's picklable `obj`, as a list in rank order (objects may differ in size)."""
+    """Every rank's picklable `obj`, as a list in rank order (of `process_set`; objects may
+    differ in size)."""
     _no_session(session, "allgather_object")
-    process_sets.check(process_set, "tensorflow.allgather_object")
-    return objects.allgather(obj, name or "tf.allgather_object", "tensorflow.allgather_object")
+    return objects.allgather(obj, name or "tf.allgather_object", "tensorflow.allgather_object",
+                             process_set)
 
 
 def broadcast_global_variables(root_rank):

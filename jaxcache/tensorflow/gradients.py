@@ -2,7 +2,8 @@
 DistributedOptimizer do (Horovod's rules): None stays None, tf.IndexedSlices are allgathered
 unless sparse_as_dense, floating gradients may travel compressed, gradient_predivide_factor
 splits the average around the sum, registered local sources are not reduced (their gradient
-is divided by the number of ranks when scale_local_gradients)."""
+is divided by the number of ranks when scale_local_gradients). With a process set, gradients
+are reduced over its ranks; on a rank outside it they stay local, as in Horovod."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import tensorflow as tf
 
 from .. import grouping
 from .. import runtime as _runtime
-from ..compat import process_sets, reduce_ops
+from ..compat import reduce_ops
 from . import compression as _compression
 from . import ops, sparse
 
@@ -24,7 +25,7 @@ class GradientReducer:
     def __init__(self, fn: str, compression, sparse_as_dense: bool, op, gradient_predivide_factor,
                  num_groups, groups, process_set, scale_local_gradients: bool, prefix: str):
         self.fn = fn
-        process_sets.check(process_set, f"tensorflow.{fn}")
+        self.ps = ops.set_of(process_set, fn, member=False)
         self.op = reduce_ops.to_name(op, f"tensorflow.{fn}")
         self.pre, self.post = reduce_ops.predivide(self.op, gradient_predivide_factor, f"tensorflow.{fn}")
         _compression.check(compression, fn)
@@ -85,7 +86,7 @@ class GradientReducer:
         out = list(grads)
         dense, slices = [], []
         for i, (g, s) in enumerate(zip(grads, sources)):
-            if g is None or var_key(s) in self.local:
+            if g is None or var_key(s) in self.local or self.ps.rank < 0:
                 continue
             if isinstance(g, tf.IndexedSlices):
                 if not self.sparse_as_dense:
@@ -100,7 +101,7 @@ class GradientReducer:
         if slices:
             for i, r in zip(slices, sparse.reduce_slices([grads[i] for i in slices],
                                                          [f"{self.prefix}/{i}" for i in slices],
-                                                         self.op, self.fn)):
+                                                         self.op, self.fn, self.ps)):
                 out[i] = r
         if dense:
             parts = self._partition(sources, dense)
@@ -109,12 +110,12 @@ class GradientReducer:
             compressed = {i: self.compression.compress(grads[i]) for i in dense}
             code, pre, post = ops.reduce_args(self.op, self.pre, self.post)
             outs = ops.run(ops.KIND_ALLREDUCE, names, [[compressed[i][0] for i in m] for m in parts],
-                           op=code, prescale=pre, postscale=post)
+                           op=code, prescale=pre, postscale=post, process_set=self.ps)
             for members, reduced in zip(parts, outs):
                 for i, r in zip(members, reduced):
                     out[i] = self.compression.decompress(r, compressed[i][1])
         if self.scale_local and self.local:
-            size = _runtime.size()
+            size = self.ps.size
             for i, (g, s) in enumerate(zip(grads, sources)):
                 if g is not None and var_key(s) in self.local:
                     if isinstance(g, tf.IndexedSlices):

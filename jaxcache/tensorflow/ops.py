@@ -24,8 +24,9 @@ import numpy as np
 import tensorflow as tf
 
 from .. import devices as _devices
-from .. import runtime as _runtime
 from .._ext import ext
+from ..compat import process_sets
+from ..compat.process_sets import Resolved
 from ..errors import raise_for_status
 from ..ops import naming, validation
 from ..ops.eager import DTYPE_CODES as _NP_DTYPE_CODES
@@ -70,6 +71,21 @@ def as_tensor(x, fn: str, what: str):
 
 def check_reduction(x, op: str, prescale, postscale, fn: str, what: str) -> None:
     validation.check_reduction(np_dtype(x.dtype), op, prescale, postscale, f"tensorflow.{fn}", what)
+
+
+def set_of(process_set, fn: str, member: bool = True) -> Resolved:
+    """The registered process set a call names (resolved when the call is made or traced);
+    with `member`, ValueError on a rank that is not a member."""
+    return process_sets.resolve(process_set, f"tensorflow.{fn}", member)
+
+
+def set_root(root_rank, ps: Resolved, fn: str) -> int:
+    """A global root rank as the root's rank within `ps` (ValueError if it is not a member)."""
+    return process_sets.set_root(root_rank, ps, f"tensorflow.{fn}")
+
+
+def _global_set() -> Resolved:
+    return process_sets.resolve(None, "tensorflow")
 
 
 def reduce_args(op: str, prescale: float, postscale: float) -> tuple[int, float, float]:
@@ -153,14 +169,17 @@ def _wait_all(in_flight: list, error: BaseException | None) -> list:
 
 
 def submit_eager(kind: int, names: list[str], groups: list[list[tf.Tensor]], *, op: int = 0,
-                 prescale: float = 1.0, postscale: float = 1.0, root: int = 0) -> list[list[np.ndarray]]:
+                 prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
+                 process_set: Resolved | None = None) -> list[list[np.ndarray]]:
     """Submits one allreduce, broadcast or reducescatter request per (name, tensors) group,
     then waits for all; returns NumPy outputs.
 
-    All requests are in flight together, so ranks may submit them in any order.
+    All requests are in flight together, so ranks may submit them in any order. root: a
+    broadcast's root as a rank within the process set (default: the global set).
     """
+    ps = process_set or _global_set()
     if kind == KIND_REDUCESCATTER:
-        size, rank = _runtime.size(), _runtime.rank()
+        size, rank = ps.size, ps.rank
     in_flight, results, error = [], [], None
     for name, tensors in zip(names, groups):
         ins, outs, codes = [], [], []
@@ -177,7 +196,8 @@ def submit_eager(kind: int, names: list[str], groups: list[list[tf.Tensor]], *, 
         try:
             handle = ext.submit(kind, name, ins, [_bits(o) for o in outs], op, float(prescale),
                                 float(postscale), int(root), codes,
-                                refuse_if_in_flight=name not in _automatic, device=_device_kind(tensors))
+                                refuse_if_in_flight=name not in _automatic, device=_device_kind(tensors),
+                                process_set=ps.id)
         except BaseException as e:  # submit refused: still wait for what is already in flight
             error = e
             break
@@ -188,13 +208,16 @@ def submit_eager(kind: int, names: list[str], groups: list[list[tf.Tensor]], *, 
 
 
 def submit_allocated_eager(kind: int, names: list[str], groups: list[list[tf.Tensor]],
-                           splits: list | None = None) -> list[tuple[list[np.ndarray], list[int]]]:
+                           splits: list | None = None,
+                           process_set: Resolved | None = None) -> list[tuple[list[np.ndarray], list[int]]]:
     """Submits one allgather or alltoall request per (name, tensors) group, then waits for all.
 
     Returns, per group, the outputs (sized by the runtime; views of its buffers) and the
-    agreed rows (allgather: `rows[t * size + r]`; alltoall: rows received from each rank).
-    splits (alltoall): per group, the rows sent to each rank, or None for equal blocks.
+    agreed rows (allgather: `rows[t * size + r]`; alltoall: rows received from each rank;
+    ranks and size of the process set). splits (alltoall): per group, the rows sent to each
+    rank, or None for equal blocks.
     """
+    ps = process_set or _global_set()
     in_flight, error = [], None
     for i, (name, tensors) in enumerate(zip(names, groups)):
         ins = [_cpu(t) for t in tensors]
@@ -202,7 +225,7 @@ def submit_allocated_eager(kind: int, names: list[str], groups: list[list[tf.Ten
         try:
             handle = ext.submit_allocated(kind, name, ins, list((splits or [None] * len(groups))[i] or []),
                                           codes, refuse_if_in_flight=name not in _automatic,
-                                          device=_device_kind(tensors))
+                                          device=_device_kind(tensors), process_set=ps.id)
         except BaseException as e:  # submit refused: still wait for what is already in flight
             error = e
             break
@@ -229,9 +252,11 @@ def run(kind: int, names: list[str], groups: list[list[tf.Tensor]], **kw) -> lis
     one tf.py_function for all of them.
 
     Inside tf.function the device kind in the signature is that of the tensors TensorFlow
-    hands to the py_function (it decides where that op runs).
+    hands to the py_function (it decides where that op runs). `process_set` (a Resolved set,
+    default the global one) is fixed when the function is traced.
     """
     flat = [t for g in groups for t in g]
+    kw["process_set"] = ps = kw.get("process_set") or _global_set()
     if tf.executing_eagerly():
         return [[_to_tf(o, t) for o, t in zip(outs, g)]
                 for outs, g in zip(submit_eager(kind, names, groups, **kw), groups)]
@@ -247,7 +272,7 @@ def run(kind: int, names: list[str], groups: list[list[tf.Tensor]], **kw) -> lis
     if not isinstance(out, (list, tuple)):
         out = [out]
     if kind == KIND_REDUCESCATTER:
-        size, rank = _runtime.size(), _runtime.rank()
+        size, rank = ps.size, ps.rank
     for o, t in zip(out, flat):
         shape = t.shape
         if kind == KIND_REDUCESCATTER:
@@ -264,16 +289,18 @@ def _unknown_rows(shape: tf.TensorShape) -> tf.TensorShape:
 
 
 def run_allocated(kind: int, names: list[str], groups: list[list[tf.Tensor]],
-                  splits: list | None = None) -> list[tuple[list[tf.Tensor], tf.Tensor]]:
+                  splits: list | None = None,
+                  process_set: Resolved | None = None) -> list[tuple[list[tf.Tensor], tf.Tensor]]:
     """Allgather or alltoall requests, eagerly or through one tf.py_function for all of them.
 
     Returns, per group, the result tensors and the agreed rows as an int32 tensor (see
     submit_allocated_eager). splits (alltoall): per group, None or a 1-D integer tensor.
     """
     splits = splits or [None] * len(groups)
+    ps = process_set or _global_set()
     if tf.executing_eagerly():
         counts = [None if s is None else _check_splits(s) for s in splits]
-        done = submit_allocated_eager(kind, names, groups, counts)
+        done = submit_allocated_eager(kind, names, groups, counts, ps)
         return [([_to_tf(o, t) for o, t in zip(outs, g)], tf.constant(rows, tf.int32))
                 for (outs, rows), g in zip(done, groups)]
     sizes = [len(g) for g in groups]
@@ -286,7 +313,7 @@ def run_allocated(kind: int, names: list[str], groups: list[list[tf.Tensor]],
         counts = [None] * len(groups)
         for i in with_splits:
             counts[i] = _check_splits(next(it))
-        done = submit_allocated_eager(kind, names, regrouped, counts)
+        done = submit_allocated_eager(kind, names, regrouped, counts, ps)
         return ([_to_tf(o, t) for (outs, _), g in zip(done, regrouped) for o, t in zip(outs, g)]
                 + [tf.constant(rows, tf.int32) for _, rows in done])
 

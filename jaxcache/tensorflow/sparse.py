@@ -8,20 +8,22 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from .. import runtime as _runtime
+from ..compat.process_sets import Resolved
 from . import ops
 
 
-def reduce_slices(slices: list, names: list[str], op: str, fn: str) -> list:
-    """Every rank's slices, concatenated in rank order (values / size for op 'average')."""
+def reduce_slices(slices: list, names: list[str], op: str, fn: str, ps: Resolved) -> list:
+    """Every rank's slices (of set `ps`), concatenated in rank order (values / size for op
+    'average')."""
     if op not in ("average", "sum"):
         raise NotImplementedError(f"jaxcache.tensorflow.{fn}: only Sum and Average apply to "
                                   f"tf.IndexedSlices, got op={op!r} (as in Horovod); densify first "
                                   "(sparse_as_dense=True) for other ops")
     values = [ops.as_tensor(s.values, fn, f"values of IndexedSlices {n!r}") for s, n in zip(slices, names)]
     indices = [tf.convert_to_tensor(s.indices) for s in slices]
-    gathered = ops.run_allocated(ops.KIND_ALLGATHER, list(names), [[v, i] for v, i in zip(values, indices)])
-    size = _runtime.size()
+    gathered = ops.run_allocated(ops.KIND_ALLGATHER, list(names), [[v, i] for v, i in zip(values, indices)],
+                                 process_set=ps)
+    size = ps.size
     out = []
     for s, ((v, i), _) in zip(slices, gathered):
         if op == "average":

@@ -9,7 +9,6 @@ import torch
 
 from .. import objects
 from .. import runtime as _runtime
-from ..compat import process_sets
 from ..compat.process_sets import global_process_set
 from . import ops
 
@@ -19,49 +18,56 @@ def _digest(items: list[str]) -> int:
     return int.from_bytes(h[:8], "little", signed=True)
 
 
-def agree(tag: str, items: list[str], fn: str, what: str) -> None:
-    """Checks that every rank holds the same `items` (in the same order); else ValueError everywhere.
+def agree(tag: str, items: list[str], fn: str, what: str, process_set=global_process_set) -> None:
+    """Checks that every rank (of `process_set`) holds the same `items` (in the same order);
+    else ValueError on every rank of the set.
 
-    One small allgather. On a mismatch every rank compares its items with rank 0's and names
-    the differences, so the error is raised on every rank with a useful message (no rank goes
-    on to submit collectives the others never match, which would hang).
+    One small allgather. On a mismatch every rank compares its items with the set's first
+    rank's and names the differences, so the error is raised on every rank with a useful
+    message (no rank goes on to submit collectives the others never match, which would hang).
     """
+    ps = ops.set_of(process_set, fn)
     mine = torch.tensor([len(items), _digest(items)], dtype=torch.int64)
-    gathered = ops.synchronize(ops.allgather_submit([mine], f"torch.agree/{tag}", fn)).view(-1, 2)
+    gathered = ops.synchronize(ops.allgather_submit([mine], f"torch.agree/{tag}", fn, ps)).view(-1, 2)
     rows = {tuple(r) for r in gathered.tolist()}
     if len(rows) == 1:
         return
-    reference = objects.broadcast(items if _runtime.rank() == 0 else None, 0, f"torch.agree/{tag}.items",
-                                  f"torch.{fn}")
+    first, me = ps.ranks[0], _runtime.rank()  # global ranks
+    reference = objects.broadcast(items if me == first else None, first, f"torch.agree/{tag}.items",
+                                  f"torch.{fn}", process_set)
     missing = [x for x in reference if x not in set(items)]
     extra = [x for x in items if x not in set(reference)]
-    differing = [r for r, row in enumerate(gathered.tolist()) if tuple(row) != tuple(gathered[0].tolist())]
+    differing = [ps.ranks[r] for r, row in enumerate(gathered.tolist())
+                 if tuple(row) != tuple(gathered[0].tolist())]
     detail = ""
     if missing or extra:
-        detail = (f"; this rank (rank {_runtime.rank()}) lacks {missing[:5]} and has extra {extra[:5]} "
-                  "compared with rank 0")
+        detail = (f"; this rank (rank {me}) lacks {missing[:5]} and has extra {extra[:5]} "
+                  f"compared with rank {first}")
     elif items != reference:
-        detail = f"; this rank (rank {_runtime.rank()}) has them in a different order than rank 0"
+        detail = f"; this rank (rank {me}) has them in a different order than rank {first}"
     raise ValueError(
-        f"jaxcache.torch.{fn}: ranks disagree on {what} (ranks {differing} differ from rank 0; "
-        f"counts per rank {[int(r[0]) for r in gathered.tolist()]}){detail}"
+        f"jaxcache.torch.{fn}: ranks disagree on {what} (ranks {differing} differ from rank {first}; "
+        f"counts per rank {dict(zip(ps.ranks, (int(r[0]) for r in gathered.tolist())))}){detail}"
     )
 
 
 def broadcast_object(obj=None, root_rank: int = 0, name: str | None = None,
                      process_set=global_process_set):
-    """`root_rank`'s picklable `obj` on every rank (jaxcache.objects, shared by every bridge).
+    """`root_rank`'s picklable `obj` on every rank of `process_set` (jaxcache.objects, shared by
+    every bridge; `root_rank` is a global rank).
 
     The default name is fixed, so ranks may call it from different lines (the root in one
     branch, the others in another).
     """
-    process_sets.check(process_set, "torch.broadcast_object")
-    return objects.broadcast(obj, root_rank, name or "torch.broadcast_object", "torch.broadcast_object")
+    return objects.broadcast(obj, root_rank, name or "torch.broadcast_object", "torch.broadcast_object",
+                             process_set)
 
 
-def allgather_object(obj, name: str | None = None) -> list:
-    """Every rank's picklable `obj`, as a list in rank order (objects may differ in size)."""
-    return objects.allgather(obj, name or "torch.allgather_object", "torch.allgather_object")
+def allgather_object(obj, name: str | None = None, process_set=global_process_set) -> list:
+    """Every rank's picklable `obj`, as a list in rank order (of `process_set`; objects may
+    differ in size). `process_set` is jaxcache's addition (Horovod's torch version lacks it)."""
+    return objects.allgather(obj, name or "torch.allgather_object", "torch.allgather_object",
+                             process_set)
 
 
 def _signature(t: torch.Tensor) -> str:
@@ -102,21 +108,23 @@ def _named_items(params, fn: str) -> list[tuple[str, torch.Tensor]]:
     return sorted(items, key=lambda kv: kv[0])
 
 
-def broadcast_parameters(params, root_rank: int = 0) -> None:
+def broadcast_parameters(params, root_rank: int = 0, *, process_set=global_process_set) -> None:
     """Overwrites, in place, every tensor of `params` with `root_rank`'s value.
 
     params: a state_dict (model.state_dict(): parameters and buffers), a module, an iterable
     of (name, tensor) pairs (model.named_parameters()) or of tensors (model.parameters()).
     Every rank must pass the same names, shapes and dtypes (checked; a mismatch raises
-    ValueError on every rank).
+    ValueError on every rank). `process_set` (jaxcache's addition) limits it to a set;
+    `root_rank` is a global rank.
     """
-    _runtime.require_initialized("jaxcache.torch.broadcast_parameters")
-    root = ops.check_root(root_rank, "broadcast_parameters")
-    items = _named_items(params, "broadcast_parameters")
-    agree("broadcast_parameters", [f"{k}:{_signature(v)}" for k, v in items],
-          "broadcast_parameters", "the parameters to broadcast (names, shapes, dtypes)")
+    fn = "broadcast_parameters"
+    ps = ops.set_of(process_set, fn)
+    root = ops.set_root(root_rank, ps, fn)
+    items = _named_items(params, fn)
+    agree(fn, [f"{k}:{_signature(v)}" for k, v in items], fn,
+          "the parameters to broadcast (names, shapes, dtypes)", process_set)
     handles = [ops.submit(ops.KIND_BROADCAST, f"torch.broadcast_parameters/{k}", [v], inplace=True,
-                          root=root) for k, v in items]
+                          root=root, process_set=ps) for k, v in items]
     _synchronize_all(handles)
 
 
@@ -186,28 +194,32 @@ def _fill(obj, tensors: list):
     return obj
 
 
-def broadcast_optimizer_state(optimizer, root_rank: int = 0, model=None) -> None:
+def broadcast_optimizer_state(optimizer, root_rank: int = 0, model=None, *,
+                              process_set=global_process_set) -> None:
     """Gives every rank `root_rank`'s optimizer state and hyperparameters (load_state_dict).
 
     Works whether or not the optimizers have stepped yet (the state's structure comes from
     the root; no zero-gradient step is taken). Every rank's optimizer must hold the same
     parameters (checked). `model` (Horovod's hint for sparse parameters) is not needed.
+    `process_set` (jaxcache's addition) limits it to a set; `root_rank` is a global rank.
     """
-    _runtime.require_initialized("jaxcache.torch.broadcast_optimizer_state")
+    fn = "broadcast_optimizer_state"
+    _runtime.require_initialized(f"jaxcache.torch.{fn}")
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(
             f"jaxcache.torch.broadcast_optimizer_state: expected a torch.optim.Optimizer, got "
             f"{type(optimizer).__name__}"
         )
-    root = ops.check_root(root_rank, "broadcast_optimizer_state")
+    ps = ops.set_of(process_set, fn)
+    root = ops.set_root(root_rank, ps, fn)
     layout = [f"{g}.{i}:{_signature(p)}" for g, group in enumerate(optimizer.param_groups)
               for i, p in enumerate(group["params"])]
-    agree("broadcast_optimizer_state", layout, "broadcast_optimizer_state",
-          "the optimizer's parameters (groups, shapes, dtypes)")
-    is_root = _runtime.rank() == root
+    agree(fn, layout, fn, "the optimizer's parameters (groups, shapes, dtypes)", process_set)
+    is_root = ps.rank == root
     tensors: list[torch.Tensor] = []
     skeleton = _strip(optimizer.state_dict(), tensors) if is_root else None
-    skeleton = broadcast_object(skeleton, root, name="torch.broadcast_optimizer_state.skeleton")
+    skeleton = broadcast_object(skeleton, root_rank, name="torch.broadcast_optimizer_state.skeleton",
+                                process_set=process_set)
     refs: list[_TensorRef] = []
     _refs(skeleton, refs)
     refs.sort(key=lambda r: r.index)
@@ -218,7 +230,7 @@ def broadcast_optimizer_state(optimizer, root_rank: int = 0, model=None) -> None
     for i, b in enumerate(buffers):
         ops.check_tensor(b, "broadcast_optimizer_state", f"optimizer state tensor {i}")
     handles = [ops.submit(ops.KIND_BROADCAST, f"torch.broadcast_optimizer_state/{i}", [b],
-                          inplace=True, root=root) for i, b in enumerate(buffers)]
+                          inplace=True, root=root, process_set=ps) for i, b in enumerate(buffers)]
     _synchronize_all(handles)
     if not is_root:
         optimizer.load_state_dict(_fill(skeleton, buffers))

@@ -30,7 +30,7 @@ from .. import devices as _devices
 from .. import runtime as _runtime
 from .._ext import ext
 from ..compat import process_sets, reduce_ops
-from ..compat.process_sets import global_process_set
+from ..compat.process_sets import Resolved, global_process_set
 from ..errors import raise_for_status
 from ..ops import naming, validation
 from ..ops.eager import DTYPE_CODES as _NP_DTYPE_CODES
@@ -91,6 +91,16 @@ def check_root(root_rank, fn: str) -> int:
     return validation.check_root(root_rank, _runtime.size(), f"torch.{fn}")
 
 
+def set_of(process_set, fn: str) -> Resolved:
+    """The registered process set a call names; ValueError on a rank that is not a member."""
+    return process_sets.resolve(process_set, f"torch.{fn}")
+
+
+def set_root(root_rank, ps: Resolved, fn: str) -> int:
+    """A global root rank as the root's rank within `ps` (ValueError if it is not a member)."""
+    return process_sets.set_root(root_rank, ps, f"torch.{fn}")
+
+
 def check_name(name, fn: str) -> None:
     validation.check_name(name, f"torch.{fn}")
 
@@ -106,15 +116,18 @@ def reduce_args(op: str, prescale: float, postscale: float) -> tuple[int, float,
 
 
 _lock = threading.Lock()
-_auto_in_flight: set[str] = set()  # automatic names held by handles not yet synchronized
+# Automatic names held by handles not yet synchronized, per process set (names are matched
+# within a set, so a call site in flight in one set does not rename its call in another).
+_auto_in_flight: set[tuple[int, str]] = set()
 _outstanding: dict[int, "Handle"] = {}  # keeps tensors alive until synchronize()
 
 
 _call_site = naming.call_site
 
 
-def _auto_name(kind: str) -> str:
-    """kind@call-site; '#k' (smallest k free) while earlier requests of the site are unsynchronized.
+def _auto_name(kind: str, set_id: int) -> str:
+    """kind@call-site; '#k' (smallest k free) while earlier requests of the site in the same
+    process set are unsynchronized.
 
     Identical across ranks when they run the same program: the suffix depends only on the
     order of submissions and synchronize() calls, never on timing. Synchronous calls always
@@ -123,10 +136,10 @@ def _auto_name(kind: str) -> str:
     base = f"torch.{kind}@{_call_site()}"
     with _lock:
         name, k = base, 0
-        while name in _auto_in_flight:
+        while (set_id, name) in _auto_in_flight:
             k += 1
             name = f"{base}#{k}"
-        _auto_in_flight.add(name)
+        _auto_in_flight.add((set_id, name))
     return name
 
 
@@ -186,13 +199,16 @@ class Handle:
     the rows received from each rank).
     """
 
-    __slots__ = ("name", "kind", "rows", "_native", "_inputs", "_outputs", "_results", "_targets",
-                 "_copy_back", "_auto", "_single", "_bump", "_done", "_result", "__weakref__")
+    __slots__ = ("name", "kind", "process_set", "rows", "_native", "_inputs", "_outputs", "_results",
+                 "_targets", "_copy_back", "_auto", "_single", "_bump", "_done", "_result",
+                 "__weakref__")
 
     def __init__(self, name: str, native, inputs: list, outputs: list, results: list, targets,
-                 copy_back, auto: bool, single: bool, bump: bool, kind: int = KIND_ALLREDUCE):
+                 copy_back, auto: bool, single: bool, bump: bool, kind: int = KIND_ALLREDUCE,
+                 process_set: Resolved | None = None):
         self.name = name
         self.kind = kind
+        self.process_set = process_set  # the set it runs in (its backward runs there too)
         self.rows: list[int] | None = None
         self._native = native
         self._inputs = inputs  # referenced until completion: the runtime reads/writes them
@@ -266,7 +282,7 @@ def _release(handle: Handle) -> None:
     with _lock:
         _outstanding.pop(id(handle), None)
         if handle._auto:
-            _auto_in_flight.discard(handle.name)
+            _auto_in_flight.discard((handle.process_set.id, handle.name))
 
 
 def _started(handle: Handle) -> Handle:
@@ -282,32 +298,39 @@ def _started(handle: Handle) -> Handle:
     return handle
 
 
-def _discard_auto(name: str, auto_name: bool) -> None:
+def _discard_auto(name: str, auto_name: bool, set_id: int) -> None:
     if auto_name:
         with _lock:
-            _auto_in_flight.discard(name)
+            _auto_in_flight.discard((set_id, name))
 
 
 def _device_kind(tensors) -> int:
     return _devices.CUDA if any(t.is_cuda for t in tensors) else _devices.CPU
 
 
+def _global_set() -> Resolved:
+    return process_sets.resolve(None, "torch")
+
+
 def submit(kind: int, name: str, tensors: Sequence[torch.Tensor], *, inplace: bool, op: int = 0,
            prescale: float = 1.0, postscale: float = 1.0, root: int = 0, auto_name: bool = False,
-           single: bool = True, bump: bool = True) -> Handle:
+           single: bool = True, bump: bool = True, process_set: Resolved | None = None) -> Handle:
     """Submits one atomic allreduce, broadcast or reducescatter over already validated tensors.
 
     inplace: results land in the given tensors (allreduce/broadcast); otherwise new tensors
     (a reducescatter's hold this rank's rows: `shape[0] // size`, one more for the first
-    `shape[0] % size` ranks).
+    `shape[0] % size` ranks, size and rank being the process set's).
+    root: a broadcast's root as a rank within the process set.
     single: synchronize() returns the one result instead of a list.
     bump: after an in-place result, bump the tensors' autograd version counters.
+    process_set: the resolved set (default: the global one).
     """
+    ps = process_set or _global_set()
     inputs, outputs, codes, results = [], [], [], []
     copy_back = None  # None: every tensor is a contiguous CPU tensor used as is
     try:
         if kind == KIND_REDUCESCATTER:
-            size, rank = _runtime.size(), _runtime.rank()
+            size, rank = ps.size, ps.rank
         for t in tensors:
             src = t.detach() if t.requires_grad else t
             codes.append(_DTYPE_CODES[src.dtype])
@@ -333,21 +356,23 @@ def submit(kind: int, name: str, tensors: Sequence[torch.Tensor], *, inplace: bo
             outputs.append(out)
             results.append(r)
         native = ext.submit(kind, name, inputs, outputs, op, prescale, postscale, root, codes,
-                            refuse_if_in_flight=not auto_name, device=_device_kind(tensors))
+                            refuse_if_in_flight=not auto_name, device=_device_kind(tensors),
+                            process_set=ps.id)
     except BaseException:
-        _discard_auto(name, auto_name)
+        _discard_auto(name, auto_name, ps.id)
         raise
     return _started(Handle(name, native, inputs, outputs, results, tensors, copy_back, auto_name,
-                           single, bump and inplace, kind))
+                           single, bump and inplace, kind, ps))
 
 
 def submit_allocated(kind: int, name: str, tensors: Sequence[torch.Tensor], *, splits=None,
                      splits_dtype: torch.dtype = torch.int32, auto_name: bool = False,
-                     single: bool = True) -> Handle:
+                     single: bool = True, process_set: Resolved | None = None) -> Handle:
     """Submits one atomic allgather or alltoall whose results the runtime sizes.
 
-    splits (alltoall): rows sent to each rank, or None for equal blocks.
+    splits (alltoall): rows sent to each rank of the process set, or None for equal blocks.
     """
+    ps = process_set or _global_set()
     try:
         inputs, codes = [], []
         for t in tensors:
@@ -355,12 +380,13 @@ def submit_allocated(kind: int, name: str, tensors: Sequence[torch.Tensor], *, s
             inputs.append(_export(src if _zero_copy_ok(src) else _staged(src)))
             codes.append(_DTYPE_CODES[src.dtype])
         native = ext.submit_allocated(kind, name, inputs, list(splits or []), codes,
-                                      refuse_if_in_flight=not auto_name, device=_device_kind(tensors))
+                                      refuse_if_in_flight=not auto_name, device=_device_kind(tensors),
+                                      process_set=ps.id)
     except BaseException:
-        _discard_auto(name, auto_name)
+        _discard_auto(name, auto_name, ps.id)
         raise
     handle = _AllocatedHandle(name, native, inputs, [], [], tensors, None, auto_name, single, False,
-                              kind)
+                              kind, ps)
     handle._splits_dtype = splits_dtype
     return _started(handle)
 
@@ -423,11 +449,11 @@ def outstanding() -> int:
 # collectives.py (which submit here, in the caller's frame, and wait inside autograd).
 
 
-def _name_or_auto(name, kind: str, fn: str) -> tuple[str, bool]:
+def _name_or_auto(name, kind: str, fn: str, ps: Resolved) -> tuple[str, bool]:
     """(collective name, automatic) for the user's `name` (None: derived from the call site)."""
     check_name(name, fn)
     if name is None:
-        return _auto_name(kind), True
+        return _auto_name(kind, ps.id), True
     return name, False
 
 
@@ -437,17 +463,19 @@ def _what(name, single: bool, i: int) -> str:
     return f"tensors[{i}]" + (f" of {name!r}" if name else "")
 
 
-def reduce_spec(fn: str, op, average, prescale_factor, postscale_factor, prescale, postscale,
-                process_set) -> tuple[str, float, float]:
+def reduce_spec(fn: str, op, average, prescale_factor, postscale_factor, prescale,
+                postscale) -> tuple[str, float, float]:
     """(op string, prescale, postscale) from Horovod's and jaxcache's argument spellings."""
-    process_sets.check(process_set, f"torch.{fn}")
     op = reduce_ops.resolve(op, average, f"torch.{fn}")
     pre, post = reduce_ops.scales(prescale_factor, postscale_factor, prescale, postscale, f"torch.{fn}")
     return op, pre, post
 
 
+# The *_submit functions take the process set resolved by the caller (set_of): `ps`.
+
+
 def allreduce_submit(tensors, op: str, name, prescale, postscale, fn: str, inplace: bool,
-                     single: bool) -> Handle:
+                     single: bool, ps: Resolved) -> Handle:
     """Validates and submits one allreduce request (op is a jaxcache op string)."""
     _runtime.require_initialized(f"jaxcache.torch.{fn}")
     for i, t in enumerate(tensors):
@@ -455,12 +483,13 @@ def allreduce_submit(tensors, op: str, name, prescale, postscale, fn: str, inpla
         check_tensor(t, fn, what)
         check_reduction(t, op, prescale, postscale, fn, what)
     code, pre, post = reduce_args(op, prescale, postscale)
-    name, auto = _name_or_auto(name, "allreduce" if single else "grouped_allreduce", fn)
+    name, auto = _name_or_auto(name, "allreduce" if single else "grouped_allreduce", fn, ps)
     return submit(KIND_ALLREDUCE, name, tensors, inplace=inplace, op=code, prescale=pre,
-                  postscale=post, auto_name=auto, single=single)
+                  postscale=post, auto_name=auto, single=single, process_set=ps)
 
 
-def reducescatter_submit(tensors, op: str, name, prescale, postscale, fn: str, single: bool) -> Handle:
+def reducescatter_submit(tensors, op: str, name, prescale, postscale, fn: str, single: bool,
+                         ps: Resolved) -> Handle:
     """Validates and submits one reducescatter request (op is a jaxcache op string)."""
     _runtime.require_initialized(f"jaxcache.torch.{fn}")
     for i, t in enumerate(tensors):
@@ -469,31 +498,34 @@ def reducescatter_submit(tensors, op: str, name, prescale, postscale, fn: str, s
         check_reduction(t, op, prescale, postscale, fn, what)
         validation.check_first_dim(t, f"torch.{fn}", what)
     code, pre, post = reduce_args(op, prescale, postscale)
-    name, auto = _name_or_auto(name, "reducescatter" if single else "grouped_reducescatter", fn)
+    name, auto = _name_or_auto(name, "reducescatter" if single else "grouped_reducescatter", fn, ps)
     return submit(KIND_REDUCESCATTER, name, tensors, inplace=False, op=code, prescale=pre,
-                  postscale=post, auto_name=auto, single=single)
+                  postscale=post, auto_name=auto, single=single, process_set=ps)
 
 
-def broadcast_submit(tensors, root_rank, name, fn: str, inplace: bool, single: bool = True) -> Handle:
+def broadcast_submit(tensors, root_rank, name, fn: str, inplace: bool, ps: Resolved,
+                     single: bool = True) -> Handle:
+    """Validates and submits one broadcast from `root_rank` (a global rank, member of `ps`)."""
     _runtime.require_initialized(f"jaxcache.torch.{fn}")
     for i, t in enumerate(tensors):
         check_tensor(t, fn, _what(name, single, i))
-    root = check_root(root_rank, fn)
-    name, auto = _name_or_auto(name, "broadcast", fn)
+    root = set_root(root_rank, ps, fn)
+    name, auto = _name_or_auto(name, "broadcast", fn, ps)
     return submit(KIND_BROADCAST, name, tensors, inplace=inplace, root=root, auto_name=auto,
-                  single=single)
+                  single=single, process_set=ps)
 
 
-def allgather_submit(tensors, name, fn: str, single: bool = True) -> Handle:
+def allgather_submit(tensors, name, fn: str, ps: Resolved, single: bool = True) -> Handle:
     """Validates and submits one allgather request (first dimensions may differ per rank)."""
     _runtime.require_initialized(f"jaxcache.torch.{fn}")
     for i, t in enumerate(tensors):
         check_tensor(t, fn, _what(name, single, i))
-    name, auto = _name_or_auto(name, "allgather" if single else "grouped_allgather", fn)
-    return submit_allocated(KIND_ALLGATHER, name, tensors, auto_name=auto, single=single)
+    name, auto = _name_or_auto(name, "allgather" if single else "grouped_allgather", fn, ps)
+    return submit_allocated(KIND_ALLGATHER, name, tensors, auto_name=auto, single=single,
+                            process_set=ps)
 
 
-def alltoall_submit(tensor, splits, name, fn: str) -> Handle:
+def alltoall_submit(tensor, splits, name, fn: str, ps: Resolved) -> Handle:
     """Validates and submits one alltoall; synchronize() returns (tensor, received splits)."""
     _runtime.require_initialized(f"jaxcache.torch.{fn}")
     what = _what(name, True, 0)
@@ -508,9 +540,9 @@ def alltoall_submit(tensor, splits, name, fn: str) -> Handle:
         splits_dtype = splits.dtype  # Horovod: the received splits have the splits' dtype
         splits = splits.tolist()
     counts = None if splits is None else validation.check_splits(splits, f"torch.{fn}")
-    name, auto = _name_or_auto(name, "alltoall", fn)
+    name, auto = _name_or_auto(name, "alltoall", fn, ps)
     return submit_allocated(KIND_ALLTOALL, name, [tensor], splits=counts, splits_dtype=splits_dtype,
-                            auto_name=auto)
+                            auto_name=auto, process_set=ps)
 
 
 def as_list(tensors, fn: str) -> list:
@@ -522,8 +554,10 @@ def as_list(tensors, fn: str) -> list:
 
 # ---------------------------------------------------------------------------------------------
 # Public non-differentiable collectives: asynchronous and in-place forms (Horovod's signatures;
-# jaxcache's op strings and prescale/postscale spellings remain valid). An 'average' divides
-# by the ranks that contribute: every rank, or those that have not joined.
+# jaxcache's op strings and prescale/postscale spellings remain valid). `process_set` limits a
+# collective to a registered set (sizes, rank order and averages are the set's; `root_rank`
+# stays a global rank). An 'average' divides by the ranks that contribute: every rank of the
+# set, or those that have not joined.
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -536,47 +570,49 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     (`prescale=`/`postscale=` are accepted too). Every rank must use the same name (default:
     derived from the call site) for the same collective.
     """
-    op, pre, post = reduce_spec("allreduce_async", op, average, prescale_factor, postscale_factor,
-                                prescale, postscale, process_set)
-    return allreduce_submit([tensor], op, name, pre, post, "allreduce_async", False, True)
+    fn = "allreduce_async"
+    op, pre, post = reduce_spec(fn, op, average, prescale_factor, postscale_factor, prescale, postscale)
+    return allreduce_submit([tensor], op, name, pre, post, fn, False, True, set_of(process_set, fn))
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set, *, prescale=None,
                      postscale=None) -> Handle:
     """In-place allreduce_async: the result is written into `tensor`."""
-    op, pre, post = reduce_spec("allreduce_async_", op, average, prescale_factor, postscale_factor,
-                                prescale, postscale, process_set)
-    return allreduce_submit([tensor], op, name, pre, post, "allreduce_async_", True, True)
+    fn = "allreduce_async_"
+    op, pre, post = reduce_spec(fn, op, average, prescale_factor, postscale_factor, prescale, postscale)
+    return allreduce_submit([tensor], op, name, pre, post, fn, True, True, set_of(process_set, fn))
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set, *, prescale=None,
                postscale=None) -> torch.Tensor:
-    """In-place allreduce: reduces `tensor` over all ranks into itself and returns it."""
-    op, pre, post = reduce_spec("allreduce_", op, average, prescale_factor, postscale_factor,
-                                prescale, postscale, process_set)
-    return synchronize(allreduce_submit([tensor], op, name, pre, post, "allreduce_", True, True))
+    """In-place allreduce: reduces `tensor` over the ranks (of `process_set`) into itself and
+    returns it."""
+    fn = "allreduce_"
+    op, pre, post = reduce_spec(fn, op, average, prescale_factor, postscale_factor, prescale, postscale)
+    return synchronize(allreduce_submit([tensor], op, name, pre, post, fn, True, True,
+                                        set_of(process_set, fn)))
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set, *, prescale=None,
                             postscale=None) -> Handle:
     """One atomic request reducing every tensor of the list; synchronize() returns a list."""
-    tensors = as_list(tensors, "grouped_allreduce_async")
-    op, pre, post = reduce_spec("grouped_allreduce_async", op, average, prescale_factor,
-                                postscale_factor, prescale, postscale, process_set)
-    return allreduce_submit(tensors, op, name, pre, post, "grouped_allreduce_async", False, False)
+    fn = "grouped_allreduce_async"
+    tensors = as_list(tensors, fn)
+    op, pre, post = reduce_spec(fn, op, average, prescale_factor, postscale_factor, prescale, postscale)
+    return allreduce_submit(tensors, op, name, pre, post, fn, False, False, set_of(process_set, fn))
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set, *,
                              prescale=None, postscale=None) -> Handle:
     """In-place grouped_allreduce_async."""
-    tensors = as_list(tensors, "grouped_allreduce_async_")
-    op, pre, post = reduce_spec("grouped_allreduce_async_", op, average, prescale_factor,
-                                postscale_factor, prescale, postscale, process_set)
-    return allreduce_submit(tensors, op, name, pre, post, "grouped_allreduce_async_", True, False)
+    fn = "grouped_allreduce_async_"
+    tensors = as_list(tensors, fn)
+    op, pre, post = reduce_spec(fn, op, average, prescale_factor, postscale_factor, prescale, postscale)
+    return allreduce_submit(tensors, op, name, pre, post, fn, True, False, set_of(process_set, fn))
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -591,64 +627,67 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 def reducescatter_async(tensor, name=None, op=reduce_ops.Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0, *, prescale=None,
                         postscale=None) -> Handle:
-    """Starts a reducescatter: the reduction over all ranks, of which this rank keeps its rows
-    of dim 0 (`shape[0] // size`, one more for the first `shape[0] % size` ranks)."""
-    op, pre, post = reduce_spec("reducescatter_async", op, None, prescale_factor, postscale_factor,
-                                prescale, postscale, process_set)
-    return reducescatter_submit([tensor], op, name, pre, post, "reducescatter_async", True)
+    """Starts a reducescatter: the reduction over the ranks (of `process_set`), of which this
+    rank keeps its rows of dim 0 (`shape[0] // size`, one more for the first `shape[0] % size`
+    ranks, in the set's rank order)."""
+    fn = "reducescatter_async"
+    op, pre, post = reduce_spec(fn, op, None, prescale_factor, postscale_factor, prescale, postscale)
+    return reducescatter_submit([tensor], op, name, pre, post, fn, True, set_of(process_set, fn))
 
 
 def grouped_reducescatter_async(tensors, name=None, op=reduce_ops.Average,
                                 process_set=global_process_set, prescale_factor=1.0,
                                 postscale_factor=1.0, *, prescale=None, postscale=None) -> Handle:
     """One atomic reducescatter of every tensor of the list; synchronize() returns a list."""
-    tensors = as_list(tensors, "grouped_reducescatter_async")
-    op, pre, post = reduce_spec("grouped_reducescatter_async", op, None, prescale_factor,
-                                postscale_factor, prescale, postscale, process_set)
-    return reducescatter_submit(tensors, op, name, pre, post, "grouped_reducescatter_async", False)
+    fn = "grouped_reducescatter_async"
+    tensors = as_list(tensors, fn)
+    op, pre, post = reduce_spec(fn, op, None, prescale_factor, postscale_factor, prescale, postscale)
+    return reducescatter_submit(tensors, op, name, pre, post, fn, False, set_of(process_set, fn))
 
 
 def broadcast_async(tensor, root_rank=0, name=None, process_set=global_process_set) -> Handle:
-    """Starts a broadcast of root_rank's `tensor` into a new tensor."""
-    process_sets.check(process_set, "torch.broadcast_async")
-    return broadcast_submit([tensor], root_rank, name, "broadcast_async", False)
+    """Starts a broadcast of root_rank's `tensor` into a new tensor (root_rank is a global rank,
+    also with a process set)."""
+    fn = "broadcast_async"
+    return broadcast_submit([tensor], root_rank, name, fn, False, set_of(process_set, fn))
 
 
 def broadcast_async_(tensor, root_rank=0, name=None, process_set=global_process_set) -> Handle:
     """In-place broadcast_async: `tensor` is overwritten with root_rank's value."""
-    process_sets.check(process_set, "torch.broadcast_async_")
-    return broadcast_submit([tensor], root_rank, name, "broadcast_async_", True)
+    fn = "broadcast_async_"
+    return broadcast_submit([tensor], root_rank, name, fn, True, set_of(process_set, fn))
 
 
 def broadcast_(tensor, root_rank=0, name=None, process_set=global_process_set) -> torch.Tensor:
     """In-place broadcast: overwrites `tensor` with `root_rank`'s value and returns it."""
-    process_sets.check(process_set, "torch.broadcast_")
-    return synchronize(broadcast_submit([tensor], root_rank, name, "broadcast_", True))
+    fn = "broadcast_"
+    return synchronize(broadcast_submit([tensor], root_rank, name, fn, True, set_of(process_set, fn)))
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set) -> Handle:
-    """Starts an allgather: every rank's `tensor` concatenated along dim 0, in rank order.
-    The first dimension may differ between ranks; the others must agree."""
-    process_sets.check(process_set, "torch.allgather_async")
-    return allgather_submit([tensor], name, "allgather_async")
+    """Starts an allgather: every rank's `tensor` concatenated along dim 0, in rank order (the
+    set's). The first dimension may differ between ranks; the others must agree."""
+    fn = "allgather_async"
+    return allgather_submit([tensor], name, fn, set_of(process_set, fn))
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> Handle:
     """One atomic allgather of every tensor of the list; synchronize() returns a list."""
-    process_sets.check(process_set, "torch.grouped_allgather_async")
-    tensors = as_list(tensors, "grouped_allgather_async")
-    return allgather_submit(tensors, name, "grouped_allgather_async", single=False)
+    fn = "grouped_allgather_async"
+    tensors = as_list(tensors, fn)
+    return allgather_submit(tensors, name, fn, set_of(process_set, fn), single=False)
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> Handle:
-    """Starts an alltoall: `splits[j]` rows of dim 0 go to rank j (default: equal blocks).
+    """Starts an alltoall: `splits[j]` rows of dim 0 go to rank j of the set (default: equal
+    blocks).
 
     synchronize() returns `(tensor, received_splits)` (Horovod's convention): the rows
     received, concatenated in rank order, and how many came from each rank (int32, or the
     dtype of a `splits` tensor).
     """
-    process_sets.check(process_set, "torch.alltoall_async")
-    return alltoall_submit(tensor, splits, name, "alltoall_async")
+    fn = "alltoall_async"
+    return alltoall_submit(tensor, splits, name, fn, set_of(process_set, fn))
 
 
 def join(device=-1) -> int:
@@ -669,6 +708,5 @@ def join(device=-1) -> int:
 
 def barrier(process_set=global_process_set) -> None:
     """Blocks until every rank of `process_set` reaches it."""
-    process_sets.check(process_set, "torch.barrier")
-    _runtime.require_initialized("jaxcache.torch.barrier")
-    _runtime.barrier("torch.barrier")
+    set_of(process_set, "barrier")  # this rank must be a member
+    _runtime.barrier("torch.barrier", process_set=process_set)

@@ -52,7 +52,9 @@ class _DistributedMixin:
     def _jc_setup(self, named_parameters, compression, backward_passes_per_step, op,
                   gradient_predivide_factor, groups, sparse_as_dense, process_set, name_prefix):
         fn = "DistributedOptimizer"
-        process_sets.check(process_set, f"torch.{fn}")
+        # Horovod's rule: on a rank outside the process set the optimizer reduces nothing.
+        self._jc_set = process_sets.resolve(process_set, f"torch.{fn}", member=False)
+        self._jc_member = self._jc_set.rank >= 0
         self._jc_op = reduce_ops.to_name(op, f"torch.{fn}")
         pre, post = reduce_ops.predivide(self._jc_op, gradient_predivide_factor, f"torch.{fn}")
         if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
@@ -98,6 +100,9 @@ class _DistributedMixin:
         self._jc_skip_sync = False
         self._jc_op_code, self._jc_pre, self._jc_post = ops.reduce_args(self._jc_op, pre, post)
 
+        self._jc_hooks = []
+        if not self._jc_member:
+            return
         # Every rank must build the same requests: check once, fail on every rank if not.
         layout = sorted(
             u.name + "=" + ",".join(f"{self._jc_param_names[i]}{tuple(params[i].shape)}"
@@ -106,7 +111,7 @@ class _DistributedMixin:
         )
         agree(f"{name_prefix}.layout", layout, fn,
               "the parameters to synchronize (names, shapes, dtypes, groups); build the model, the "
-              "optimizer and named_parameters identically on every rank")
+              "optimizer and named_parameters identically on every rank", process_set)
 
         self._jc_hooks = [p.register_post_accumulate_grad_hook(self._jc_make_hook(i))
                           for i, p in enumerate(params)]
@@ -217,7 +222,7 @@ class _DistributedMixin:
             was_sparse = g.layout != torch.strided
             if was_sparse and not self._jc_sparse_as_dense:
                 name = f"{unit.name}/sparse/{self._jc_param_names[i]}" if len(unit.indices) > 1 else unit.name
-                unit.sparse.append((i, sparse_allreduce_async(g, name, self._jc_op)))
+                unit.sparse.append((i, sparse_allreduce_async(g, name, self._jc_op, self.process_set)))
                 continue
             if was_sparse:
                 g = g.to_dense()
@@ -230,7 +235,8 @@ class _DistributedMixin:
         if dense:
             unit.handle = ops.submit(ops.KIND_ALLREDUCE, unit.name, dense, inplace=True,
                                      op=self._jc_op_code, prescale=self._jc_pre,
-                                     postscale=self._jc_post, single=False, bump=False)
+                                     postscale=self._jc_post, single=False, bump=False,
+                                     process_set=self._jc_set)
         unit.submitted = True
         self._jc_pending.append(unit)
 
@@ -251,7 +257,12 @@ class _DistributedMixin:
 
     def synchronize(self) -> None:
         """Submits the gradients whose hooks did not fire (zeros where a rank has none) and waits
-        for every outstanding reduction; p.grad then holds the reduced gradient on every rank."""
+        for every outstanding reduction; p.grad then holds the reduced gradient on every rank
+        (of the process set; outside it the gradients stay local)."""
+        if not self._jc_member:
+            self._jc_counts = [0] * len(self._jc_params)
+            self._jc_synced = True
+            return
         for unit in self._jc_units:
             if not unit.submitted:
                 self._jc_submit(unit)
@@ -346,7 +357,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups=None,
                          sparse_as_dense: bool = False, process_set=global_process_set, *,
                          name_prefix: str = "grad"):
-    """Wraps a torch optimizer so that step() applies gradients reduced over all ranks.
+    """Wraps a torch optimizer so that step() applies gradients reduced over all ranks (of
+    `process_set`).
 
     A hook on every trainable parameter submits its gradient (asynchronously, in place when
     uncompressed) as soon as backward has accumulated it `backward_passes_per_step` times, so
@@ -370,7 +382,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     To change gradients before the update (e.g. clip_grad_norm_), call synchronize() first,
     then step() inside `with opt.skip_synchronize():` (step() after synchronize() does not
     reduce again either way). A parameter without a gradient on some rank contributes zeros.
-    zero_grad() while reductions are in flight raises. The returned object is an instance of a
+    zero_grad() while reductions are in flight raises. process_set: gradients are reduced
+    (averaged) over that set's ranks only; on a rank outside it the optimizer steps with its
+    local gradients (Horovod's rule). The returned object is an instance of a
     subclass of the optimizer's class sharing its state; use it instead of the original.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):

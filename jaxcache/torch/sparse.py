@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import runtime as _runtime
-from ..compat import process_sets, reduce_ops
+from ..compat import reduce_ops
 from ..compat.process_sets import global_process_set
 from . import ops
 
@@ -17,10 +16,10 @@ from . import ops
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     """Starts the reduction of a sparse COO tensor; returns a callable that returns the result.
 
-    The result is a sparse tensor holding every rank's entries (uncoalesced), with values
-    divided by the number of ranks for op=Average. Only Average and Sum apply.
+    The result is a sparse tensor holding every rank's entries (of `process_set`; uncoalesced),
+    with values divided by the number of ranks for op=Average. Only Average and Sum apply.
     """
-    process_sets.check(process_set, "torch.sparse_allreduce_async")
+    ps = ops.set_of(process_set, "sparse_allreduce_async")
     op = reduce_ops.to_name(reduce_ops.Average if op is None else op, "torch.sparse_allreduce_async")
     if op not in ("average", "sum"):
         raise ValueError(f"jaxcache.torch.sparse_allreduce_async: sparse tensor {name!r} can only be "
@@ -33,8 +32,8 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     values = tensor._values().contiguous()  # [nnz, *dense_dims]
     # One request under `name` itself: a rank that submits a dense allreduce of that name
     # instead (a gradient missing there) meets a MismatchError on every rank, not a hang.
-    handle = ops.allgather_submit([indices, values], name, "sparse_allreduce_async", single=False)
-    shape, size = tensor.shape, _runtime.size()
+    handle = ops.allgather_submit([indices, values], name, "sparse_allreduce_async", ps, single=False)
+    shape, size = tensor.shape, ps.size
 
     def result() -> torch.Tensor:
         all_idx, all_val = ops.synchronize(handle)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .. import runtime as _runtime
+from ..compat.process_sets import global_process_set
 from . import ops
 
 _instances = itertools.count()
@@ -26,7 +26,7 @@ def _channel_view(t: torch.Tensor, dim: int) -> torch.Tensor:
 
 class _SyncBatchNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, eps, factor, name):
+    def forward(ctx, x, weight, bias, running_mean, running_var, eps, factor, name, ps):
         acc = torch.promote_types(x.dtype, torch.float32)
         dims = [0] + list(range(2, x.dim()))
         xa = x.to(acc)
@@ -35,7 +35,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         m2 = ((xa - _channel_view(mean, x.dim())) ** 2).sum(dims)
         mine = torch.cat([torch.tensor([float(count)], dtype=acc), mean, m2])
         rows = ops.synchronize(ops.allgather_submit([mine.unsqueeze(0)], f"{name}.stats",
-                                                    "SyncBatchNorm")).view(_runtime.size(), -1)
+                                                    "SyncBatchNorm", ps)).view(ps.size, -1)
         c = x.shape[1]
         counts, means, m2s = rows[:, :1], rows[:, 1:1 + c], rows[:, 1 + c:]
         total = counts.sum()
@@ -55,13 +55,13 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         if weight is not None:
             y = y * _channel_view(weight.to(acc), x.dim()) + _channel_view(bias.to(acc), x.dim())
         ctx.save_for_backward(xhat, invstd, weight)
-        ctx.spec = (name, total, x.dtype, weight is not None)
+        ctx.spec = (name, ps, total, x.dtype, weight is not None)
         return y.to(x.dtype)
 
     @staticmethod
     def backward(ctx, dy):
         xhat, invstd, weight = ctx.saved_tensors
-        name, total, dtype, affine = ctx.spec
+        name, ps, total, dtype, affine = ctx.spec
         nd = xhat.dim()
         dims = [0] + list(range(2, nd))
         dya = dy.to(xhat.dtype)
@@ -71,13 +71,13 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         grad_x = None
         if ctx.needs_input_grad[0]:
             sums = ops.synchronize(ops.allreduce_submit([local], "sum", f"{name}.grad_stats", 1.0, 1.0,
-                                                        "SyncBatchNorm (backward)", False, True))
+                                                        "SyncBatchNorm (backward)", False, True, ps))
             c = xhat.shape[1]
             mean_dy, mean_dy_xhat = sums[:c] / total, sums[c:] / total
             scale = invstd if weight is None else invstd * weight.to(invstd.dtype)
             grad_x = (_channel_view(scale, nd) * (dya - _channel_view(mean_dy, nd)
                                                   - xhat * _channel_view(mean_dy_xhat, nd))).to(dtype)
-        return grad_x, grad_w, grad_b, None, None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None
 
 
 class SyncBatchNorm(_BatchNorm):
@@ -86,11 +86,15 @@ class SyncBatchNorm(_BatchNorm):
     Same arguments as torch.nn.BatchNorm*d; accepts inputs of shape (N, C, ...). Works on CPU
     and on accelerator tensors (staged through host memory). In eval mode with running
     statistics it is a plain batch norm. Every rank must call it (same modules, same order).
+    `process_set` (jaxcache's addition, like torch.nn.SyncBatchNorm's process_group) limits
+    the statistics to the ranks of a set, e.g. those of one node.
     """
 
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True):
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
+                 *, process_set=global_process_set):
         super().__init__(num_features, eps, momentum, affine, track_running_stats)
         self._jc_name = f"torch.sync_batch_norm.{next(_instances)}"
+        self.process_set = process_set
 
     def _check_input_dim(self, input):
         if input.dim() < 2:
@@ -107,8 +111,9 @@ class SyncBatchNorm(_BatchNorm):
         if not self.training and self.track_running_stats:
             return F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias,
                                 False, 0.0, self.eps)
-        if _runtime.size() == 1:
+        ps = ops.set_of(self.process_set, "SyncBatchNorm")
+        if ps.size == 1:
             return F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias,
                                 True, factor, self.eps)
         return _SyncBatchNormFunction.apply(input, self.weight, self.bias, self.running_mean,
-                                            self.running_var, self.eps, factor, self._jc_name)
+                                            self.running_var, self.eps, factor, self._jc_name, ps)

@@ -368,14 +368,21 @@ np.testing.assert_allclose(sbn.moving_mean.numpy(), bn.moving_mean.numpy(), rtol
 np.testing.assert_allclose(sbn.moving_variance.numpy(), bn.moving_variance.numpy(), rtol=1e-4)
 raises(ValueError, r"fused=True", hvd.SyncBatchNormalization, fused=True)
 
-# --- pending and unsupported names raise and say so -------------------------------------------------
+# --- process sets (tests/mpi/tf_process_sets.py covers them at 3 and 4 ranks) ---------------------
 x = tf.ones([2 * SIZE])
+solo = hvd.add_process_set([0])
+assert solo.ranks == [0] and int(hvd.size_op(process_set_id=solo.process_set_id)) == 1
+assert int(hvd.process_set_included_op(solo.process_set_id)) == int(RANK == 0)
+if RANK == 0:
+    np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Sum, process_set=solo).numpy(), x.numpy())
+else:
+    raises(ValueError, rf"rank {RANK} is not a member of process set {solo.process_set_id}", hvd.allreduce, x,
+           process_set=solo)
+solo_id = solo.process_set_id
+assert hvd.remove_process_set(solo) is True and int(hvd.size_op(process_set_id=solo_id)) == -3
+
+# --- pending and unsupported names raise and say so -------------------------------------------------
 for fn, args, kw, pattern in [
-    (hvd.add_process_set, ([0],), {}, r"issue 14"),
-    (hvd.allreduce, (x,), {"process_set": hvd.ProcessSet([0])}, r"issue 14"),
-    (hvd.reducescatter, (x,), {"process_set": hvd.ProcessSet([0])}, r"issue 14"),
-    (hvd.alltoall, (x,), {"process_set": hvd.ProcessSet([0])}, r"issue 14"),
-    (hvd.size_op, (), {"process_set_id": 1}, r"issue 14"),
     (hvd.start_timeline, ("/tmp/x.json",), {"mark_cycles": True}, r"JAXCACHE_TIMELINE"),
     (hvd.BroadcastGlobalVariablesHook, (0,), {}, r"not supported by jaxcache: TensorFlow 1 session hooks"),
     (hvd.LocalGradientAggregationHelper, (), {}, r"not supported"),

@@ -375,16 +375,23 @@ sbn.eval()
 np.testing.assert_allclose(sbn(mine).detach().numpy(), bn.eval()(mine).detach().numpy(), rtol=1e-12)
 raises(ValueError, r"expected at least 2D input", sbn, torch.ones(3))
 
-# --- pending and unsupported names raise and say so, on every rank --------------------------------
+# --- process sets (tests/mpi/torch_process_sets.py covers them at 3 and 4 ranks) ------------------
 x = torch.ones(2 * SIZE)
+solo = hvd.add_process_set([0])  # Horovod's dynamic add: collective, returns the registered set
+assert solo.process_set_id is not None and solo.ranks == [0] and solo.included() == (RANK == 0)
+if RANK == 0:
+    check(hvd.allreduce(x, op=hvd.Sum, process_set=solo), np.ones(2 * SIZE), torch.float32, "1-rank set", same=False)
+else:
+    raises(ValueError, rf"rank {RANK} is not a member of process set {solo.process_set_id}", hvd.allreduce, x,
+           process_set=solo)
+assert hvd.remove_process_set(solo) is True and solo.process_set_id is None
+raises(ValueError, r"is not registered", hvd.reducescatter, x, process_set=solo)
+# A ProcessSet naming the job's ranks is the global set.
+check(hvd.allreduce(x, op=hvd.Sum, name="ps.everyone", process_set=hvd.ProcessSet(range(SIZE))),
+      np.full(2 * SIZE, float(SIZE)), torch.float32, "an unregistered ProcessSet of every rank")
+
+# --- pending and unsupported names raise and say so, on every rank --------------------------------
 for fn, args, kw, pattern in [
-    (hvd.add_process_set, ([0],), {}, r"process sets .* arrives with issue 14"),
-    (hvd.allreduce, (x,), {"process_set": hvd.ProcessSet([0])}, r"issue 14"),
-    (hvd.reducescatter, (x,), {"process_set": hvd.ProcessSet([0])}, r"issue 14"),
-    (hvd.alltoall_async, (x,), {"process_set": hvd.ProcessSet([0])}, r"issue 14"),
-    (hvd.DistributedOptimizer, (torch.optim.SGD(lin.parameters(), lr=0.1),),
-     {"process_set": hvd.ProcessSet(list(range(SIZE)))}, r"issue 14"),
-    (hvd.init, (), {"process_sets": [hvd.ProcessSet([0])]}, r"issue 14"),
     (hvd.start_timeline, ("/tmp/tl.json",), {}, r"JAXCACHE_TIMELINE"),
     (hvd.stop_timeline, (), {}, r"JAXCACHE_TIMELINE"),
     (hvd.elastic.run, (lambda: None,), {}, r"elastic.run is not supported by jaxcache: elastic"),
