@@ -15,6 +15,7 @@ _EXPORTS = {
     "init": "runtime", "shutdown": "runtime", "is_initialized": "runtime", "rank": "runtime",
     "size": "runtime", "local_rank": "runtime", "local_size": "runtime", "stats": "runtime",
     "reset_stats": "runtime", "cache_layout": "runtime", "barrier": "runtime", "join": "runtime",
+    "start_timeline": "runtime", "stop_timeline": "runtime",
     "allreduce": "ops.allreduce", "grouped_allreduce": "ops.grouped_allreduce",
     "broadcast": "ops.broadcast", "allgather": "ops.allgather",
     "grouped_allgather": "ops.allgather", "reducescatter": "ops.reducescatter",

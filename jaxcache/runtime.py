@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import time
 
@@ -145,6 +146,33 @@ def local_rank() -> int:
 def local_size() -> int:
     require_initialized("jaxcache.local_size()")
     return ext.local_size()
+
+
+def start_timeline(path: str | os.PathLike, mark_cycles: bool = False) -> None:
+    """Starts (or restarts, into a new file) the Chrome-trace timeline while the runtime runs.
+
+    Like JAXCACHE_TIMELINE, only the job's rank 0 writes the file (truncated first); on the
+    other ranks this checks its arguments and does nothing. Every collective of every process
+    set from now on is recorded; `mark_cycles` also marks each background cycle. Raises
+    OSError on rank 0 when the file cannot be created.
+    """
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"jaxcache.start_timeline: path must be a non-empty str, got {path!r}")
+    if not isinstance(mark_cycles, bool):
+        raise TypeError(f"jaxcache.start_timeline: mark_cycles must be a bool, got {mark_cycles!r}")
+    require_initialized("jaxcache.start_timeline()")
+    problem = ext.start_timeline(path, mark_cycles)
+    if problem:
+        raise OSError(f"jaxcache.start_timeline: {problem}")
+
+
+def stop_timeline() -> None:
+    """Stops the timeline started by start_timeline() or JAXCACHE_TIMELINE; the file is a
+    complete JSON array. Does nothing when no timeline is being written."""
+    require_initialized("jaxcache.stop_timeline()")
+    ext.stop_timeline()
 
 
 _INT_STATS = {"negotiation_seconds", "execution_seconds"}

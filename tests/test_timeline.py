@@ -222,3 +222,13 @@ def test_sigkill_leaves_valid_json(tmp_path):
     t = Trace(events)
     assert len(t.negotiations("a")) >= 3
     assert not t.cycles  # JAXCACHE_TIMELINE_MARK_CYCLES unset: no cycle marks
+
+
+# --- started and stopped while the job runs ---------------------------------------
+
+
+def test_start_and_stop_at_run_time(nranks, tmp_path):
+    env = {k: "" for k in ("JAXCACHE_TIMELINE", "JAXCACHE_TIMELINE_MARK_CYCLES")}
+    out = run_mpi("timeline_runtime.py", nranks, str(tmp_path), timeout=180, env=env).stdout
+    assert f"timeline_runtime: OK on {nranks} ranks" in out, out[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.json", "three.json", "two.json"]

@@ -376,6 +376,13 @@ NB_MODULE(_jaxcache_ext, m) {
       nb::arg("process_set") = 0);
   m.def("max_mpi_count", [] { return Running()->comm().max_count(); });
   m.def(
+      "start_timeline",
+      [](const std::string& path, bool mark_cycles) {
+        return Running()->StartTimeline(path, mark_cycles);
+      },
+      nb::arg("path"), nb::arg("mark_cycles") = false);
+  m.def("stop_timeline", [] { Running()->StopTimeline(); });
+  m.def(
       "add_process_set",
       [](int32_t id, uintptr_t comm_address) {
         auto rt = Running();

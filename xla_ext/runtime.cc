@@ -1,5 +1,8 @@
 #include "runtime.h"
 
+#include <cerrno>
+#include <cstring>
+
 #include <algorithm>
 #include <cstdio>
 #include <stdexcept>
@@ -55,6 +58,14 @@ Runtime::Runtime(MPI_Comm comm, const Config& config)
                  config_.timeline_path.c_str());
   }
 }
+
+std::string Runtime::StartTimeline(const std::string& path, bool mark_cycles) {
+  if (global_->comm().rank() != 0) return "";
+  if (timeline_.Open(path, mark_cycles)) return "";
+  return "cannot create timeline file '" + path + "': " + std::strerror(errno);
+}
+
+void Runtime::StopTimeline() { timeline_.Close(); }
 
 Runtime::~Runtime() {
   if (thread_.joinable()) thread_.join();

@@ -60,6 +60,12 @@ class Runtime {
   // The ids of the sets this rank is a member of.
   std::vector<int32_t> SetIds() const;
 
+  // The timeline, started or stopped while the runtime runs. Only the job's
+  // rank 0 writes one; on the others these do nothing. Returns "" or why the
+  // file could not be created.
+  std::string StartTimeline(const std::string& path, bool mark_cycles);
+  void StopTimeline();
+
   const Comm& comm() const { return global_->comm(); }
   ProcessSet& global() { return *global_; }
   bool running() const { return !global_->table().closed(); }

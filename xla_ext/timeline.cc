@@ -22,14 +22,32 @@ Timeline::State::~State() {
 }
 
 bool Timeline::Open(const std::string& path, bool mark_cycles) {
-  State& st = *state_;
-  st.fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (st.fd < 0) return false;
-  st.mark_cycles = mark_cycles;
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return false;
   const char head[] = "[\n]";
-  if (pwrite(st.fd, head, sizeof head - 1, 0) < 0) return false;
+  if (pwrite(fd, head, sizeof head - 1, 0) < 0) {
+    close(fd);
+    return false;
+  }
+  State& st = *state_;
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (st.fd >= 0) close(st.fd);
+  st.mark_cycles = mark_cycles;
+  st.first = true;
   st.end_offset = 2;  // position of the closing bracket
+  st.tracks.clear();  // a new file declares its tracks anew
+  st.negotiating.clear();
+  st.start = std::chrono::steady_clock::now();
+  st.fd = fd;
   return true;
+}
+
+void Timeline::Close() {
+  State& st = *state_;
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (st.fd < 0) return;
+  close(st.fd);
+  st.fd = -1;
 }
 
 int64_t Timeline::Now() const {
@@ -62,8 +80,9 @@ int Timeline::Track(const std::string& tensor) {
 }
 
 void Timeline::Begin(const std::string& tensor, const char* phase, const std::string& args) {
-  if (state_->fd < 0) return;
+  if (!Live()) return;
   std::lock_guard<std::mutex> lock(state_->mu);
+  if (!Live()) return;
   int pid = Track(tensor);
   Write("{\"name\":\"" + std::string(phase) + "\",\"ph\":\"B\",\"ts\":" + std::to_string(Now()) +
         ",\"pid\":" + std::to_string(pid) + ",\"tid\":1" +
@@ -71,23 +90,25 @@ void Timeline::Begin(const std::string& tensor, const char* phase, const std::st
 }
 
 void Timeline::End(const std::string& tensor, const char* phase) {
-  if (state_->fd < 0) return;
+  if (!Live()) return;
   std::lock_guard<std::mutex> lock(state_->mu);
+  if (!Live()) return;
   int pid = Track(tensor);
   Write("{\"name\":\"" + std::string(phase) + "\",\"ph\":\"E\",\"ts\":" + std::to_string(Now()) +
         ",\"pid\":" + std::to_string(pid) + ",\"tid\":1}");
 }
 
 void Timeline::Instant(const std::string& tensor, const std::string& what) {
-  if (state_->fd < 0) return;
+  if (!Live()) return;
   std::lock_guard<std::mutex> lock(state_->mu);
+  if (!Live()) return;
   int pid = Track(tensor);
   Write("{\"name\":\"" + Escape(what) + "\",\"ph\":\"i\",\"s\":\"t\",\"ts\":" +
         std::to_string(Now()) + ",\"pid\":" + std::to_string(pid) + ",\"tid\":1}");
 }
 
 void Timeline::NegotiateBegin(const std::string& tensor, const char* path) {
-  if (state_->fd < 0) return;
+  if (!Live()) return;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     bool& open = state_->negotiating[prefix_ + tensor];
@@ -98,7 +119,7 @@ void Timeline::NegotiateBegin(const std::string& tensor, const char* path) {
 }
 
 void Timeline::NegotiateEnd(const std::string& tensor) {
-  if (state_->fd < 0) return;
+  if (!Live()) return;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     auto it = state_->negotiating.find(prefix_ + tensor);
@@ -109,8 +130,9 @@ void Timeline::NegotiateEnd(const std::string& tensor) {
 }
 
 void Timeline::Cycle(int64_t number) {
-  if (state_->fd < 0 || !state_->mark_cycles) return;
+  if (!Live()) return;
   std::lock_guard<std::mutex> lock(state_->mu);
+  if (!Live() || !state_->mark_cycles) return;
   Write("{\"name\":\"CYCLE " + std::to_string(number) + "\",\"ph\":\"i\",\"s\":\"g\",\"ts\":" +
         std::to_string(Now()) + ",\"pid\":0,\"tid\":0}");
 }

@@ -1,9 +1,11 @@
-// Chrome-trace / Perfetto timeline written by rank 0 (JAXCACHE_TIMELINE).
+// Chrome-trace / Perfetto timeline written by rank 0 (JAXCACHE_TIMELINE, or
+// started and stopped while the runtime runs).
 // Each collective gets its own track; phases are begin/end pairs. The file is
 // valid JSON after every event: each event is written, together with the
 // closing bracket, by one pwrite() over the previous closing bracket.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -18,8 +20,12 @@ class Timeline {
   // A view that writes into the same file with every tensor name prefixed
   // (a process set's collectives: names are only unique within a set).
   Timeline Scoped(const std::string& prefix) const { return Timeline(state_, prefix); }
+  // Starts writing to `path` (truncated), closing a file already open; safe
+  // while other threads record events. False if the file cannot be created.
   bool Open(const std::string& path, bool mark_cycles);
-  bool enabled() const { return state_->fd >= 0; }
+  // Stops writing; the file stays a complete JSON array.
+  void Close();
+  bool enabled() const { return Live(); }
 
   void Begin(const std::string& tensor, const char* phase, const std::string& args = "");
   void End(const std::string& tensor, const char* phase);
@@ -34,7 +40,8 @@ class Timeline {
   struct State {
     ~State();
     std::mutex mu;
-    int fd = -1;
+    // Read without the lock as the fast "off" test; changed only under `mu`.
+    std::atomic<int> fd{-1};
     bool mark_cycles = false;
     bool first = true;
     long long end_offset = 0;
@@ -44,6 +51,7 @@ class Timeline {
   };
   Timeline(std::shared_ptr<State> state, std::string prefix)
       : state_(std::move(state)), prefix_(std::move(prefix)) {}
+  bool Live() const { return state_->fd.load(std::memory_order_relaxed) >= 0; }
   int Track(const std::string& tensor);
   void Write(const std::string& event);
   int64_t Now() const;

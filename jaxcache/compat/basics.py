@@ -10,7 +10,6 @@ from .._ext import ext
 from ..errors import JaxcacheError, raise_for_status
 from ..ops.eager import DTYPE_CODES, KIND_ALLGATHER
 from ..process_sets import ProcessSet as _ProcessSet
-from . import pending
 
 HorovodInternalError = JaxcacheError  # what Horovod code catches around collectives
 
@@ -202,13 +201,13 @@ def rocm_built() -> bool:
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Horovod's run-time timeline start (pending; JAXCACHE_TIMELINE works at init)."""
-    if not isinstance(file_path, str) or not file_path:
-        raise ValueError(f"jaxcache start_timeline: file_path must be a non-empty str, got {file_path!r}")
+    """Horovod's hvd.start_timeline: rank 0 starts writing a Chrome-trace timeline to
+    `file_path` while the job runs (jaxcache.start_timeline)."""
     _require("start_timeline")
-    pending.timeline("start_timeline")
+    _runtime.start_timeline(file_path, mark_cycles)
 
 
 def stop_timeline() -> None:
+    """Horovod's hvd.stop_timeline (jaxcache.stop_timeline)."""
     _require("stop_timeline")
-    pending.timeline("stop_timeline")
+    _runtime.stop_timeline()

@@ -5,8 +5,10 @@ return conventions; SyncBatchNormalization against BatchNormalization on the glo
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import tempfile
 import warnings
 import zlib
 
@@ -381,9 +383,21 @@ else:
 solo_id = solo.process_set_id
 assert hvd.remove_process_set(solo) is True and int(hvd.size_op(process_set_id=solo_id)) == -3
 
-# --- pending and unsupported names raise and say so -------------------------------------------------
+# --- the timeline, started and stopped at run time (rank 0 writes) --------------------------------
+_tl = os.path.join(hvd.broadcast_object(tempfile.mkdtemp(prefix="jc-tl-") if RANK == 0 else None,
+                                        name="tl.dir"), "timeline.json")
+hvd.start_timeline(_tl, mark_cycles=True)
+hvd.allreduce(tf.ones(2), op=hvd.Sum, name="tl.recorded")
+hvd.stop_timeline()
+hvd.allreduce(tf.ones(2), op=hvd.Sum, name="tl.not_recorded")
+hvd.barrier()
+if RANK == 0:
+    with open(_tl) as f:
+        _tracks = {e["args"]["name"] for e in json.load(f) if e.get("name") == "process_name"}
+    assert _tracks == {"tl.recorded"}, _tracks
+
+# --- unsupported names raise and say so -------------------------------------------------
 for fn, args, kw, pattern in [
-    (hvd.start_timeline, ("/tmp/x.json",), {"mark_cycles": True}, r"JAXCACHE_TIMELINE"),
     (hvd.BroadcastGlobalVariablesHook, (0,), {}, r"not supported by jaxcache: TensorFlow 1 session hooks"),
     (hvd.LocalGradientAggregationHelper, (), {}, r"not supported"),
     (hvd.elastic.run, (lambda: None,), {}, r"not supported by jaxcache: elastic"),

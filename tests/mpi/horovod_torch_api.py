@@ -5,7 +5,10 @@ conventions."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import tempfile
 import warnings
 import zlib
 
@@ -390,10 +393,21 @@ raises(ValueError, r"is not registered", hvd.reducescatter, x, process_set=solo)
 check(hvd.allreduce(x, op=hvd.Sum, name="ps.everyone", process_set=hvd.ProcessSet(range(SIZE))),
       np.full(2 * SIZE, float(SIZE)), torch.float32, "an unregistered ProcessSet of every rank")
 
-# --- pending and unsupported names raise and say so, on every rank --------------------------------
+# --- the timeline, started and stopped at run time (rank 0 writes) --------------------------------
+_tl = os.path.join(hvd.broadcast_object(tempfile.mkdtemp(prefix="jc-tl-") if RANK == 0 else None,
+                                        name="tl.dir"), "timeline.json")
+hvd.start_timeline(_tl, mark_cycles=True)
+hvd.allreduce(torch.ones(2), op=hvd.Sum, name="tl.recorded")
+hvd.stop_timeline()
+hvd.allreduce(torch.ones(2), op=hvd.Sum, name="tl.not_recorded")
+hvd.barrier()
+if RANK == 0:
+    with open(_tl) as f:
+        _tracks = {e["args"]["name"] for e in json.load(f) if e.get("name") == "process_name"}
+    assert _tracks == {"tl.recorded"}, _tracks
+
+# --- unsupported names raise and say so, on every rank --------------------------------
 for fn, args, kw, pattern in [
-    (hvd.start_timeline, ("/tmp/tl.json",), {}, r"JAXCACHE_TIMELINE"),
-    (hvd.stop_timeline, (), {}, r"JAXCACHE_TIMELINE"),
     (hvd.elastic.run, (lambda: None,), {}, r"elastic.run is not supported by jaxcache: elastic"),
     (hvd.elastic.TorchState, (), {}, r"not supported"),
     (hvd.elastic.ElasticSampler, ([1, 2],), {}, r"not supported"),
