@@ -26,6 +26,7 @@ class Config:
     timeline_path: str = ""
     timeline_mark_cycles: bool = False
     max_mpi_count: int = 2**31 - 1
+    chunk_bytes: int = 4 * _MIB
     shutdown_timeout_s: float = 30.0
     inline_spin_us: float = 50.0
     fault_inject: str = ""
@@ -47,6 +48,7 @@ VARIABLES = {
     "timeline_path": "JAXCACHE_TIMELINE",
     "timeline_mark_cycles": "JAXCACHE_TIMELINE_MARK_CYCLES",
     "max_mpi_count": "JAXCACHE_MAX_MPI_COUNT",
+    "chunk_bytes": "JAXCACHE_CHUNK_BYTES",
     "shutdown_timeout_s": "JAXCACHE_SHUTDOWN_TIMEOUT",
     "inline_spin_us": "JAXCACHE_INLINE_SPIN_US",
     "fault_inject": "JAXCACHE_FAULT_INJECT",
@@ -92,6 +94,7 @@ def from_env() -> Config:
         timeline_path=os.environ.get("JAXCACHE_TIMELINE", ""),
         timeline_mark_cycles=_flag("JAXCACHE_TIMELINE_MARK_CYCLES"),
         max_mpi_count=_number("JAXCACHE_MAX_MPI_COUNT", d.max_mpi_count, int, 1),
+        chunk_bytes=_number("JAXCACHE_CHUNK_BYTES", d.chunk_bytes, int),
         shutdown_timeout_s=_number("JAXCACHE_SHUTDOWN_TIMEOUT", d.shutdown_timeout_s, float),
         inline_spin_us=_number("JAXCACHE_INLINE_SPIN_US", d.inline_spin_us, float),
         fault_inject=os.environ.get("JAXCACHE_FAULT_INJECT", "").strip(),

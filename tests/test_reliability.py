@@ -45,8 +45,10 @@ def test_killed_rank_ends_job(nranks):
     assert time.monotonic() - t0 < 90
 
 
-def test_large_counts_are_chunked(nranks):
-    run_mpi("large_counts.py", nranks, timeout=120, env={"JAXCACHE_MAX_MPI_COUNT": "1000"})
+@pytest.mark.parametrize("env", [{"JAXCACHE_MAX_MPI_COUNT": "1000"}, {"JAXCACHE_CHUNK_BYTES": "4000"}],
+                         ids=["max-count", "chunk-bytes"])
+def test_large_counts_are_chunked(nranks, env):
+    run_mpi("large_counts.py", nranks, timeout=120, env=env)
 
 
 def test_property_based_sequences():

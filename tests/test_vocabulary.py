@@ -13,8 +13,9 @@ def test_vocabulary(nranks, scenario):
 
 
 @pytest.mark.parametrize("env", [{}, {"JAXCACHE_MAX_MPI_COUNT": "1000"},
+                                 {"JAXCACHE_CHUNK_BYTES": "4000"},
                                  {"JAXCACHE_STALL_SHUTDOWN_TIME": "60"}],
-                         ids=["default", "chunked", "watched"])
+                         ids=["default", "chunked", "chunk-bytes", "watched"])
 def test_data_paths(nranks, env):
     out = run_mpi("vocabulary.py", nranks, "data-paths", timeout=180, env=env).stdout
     assert f"vocabulary data-paths: OK on {nranks} ranks" in out

@@ -23,8 +23,9 @@ void Check(int rc, const char* what) {
 }
 }  // namespace
 
-Comm::Comm(MPI_Comm user_comm, int64_t max_count)
-    : max_count_(std::max<int64_t>(1, std::min<int64_t>(max_count, INT_MAX))) {
+Comm::Comm(MPI_Comm user_comm, int64_t max_count, int64_t chunk_bytes)
+    : max_count_(std::max<int64_t>(1, std::min<int64_t>(max_count, INT_MAX))),
+      chunk_bytes_(chunk_bytes) {
   Check(MPI_Comm_dup(user_comm, &comm_), "MPI_Comm_dup");
   // Errors come back as codes so the runtime can report them instead of aborting.
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
@@ -179,8 +180,9 @@ Task<> Comm::AllreduceData(const void* in, void* out, int64_t count, DType dtype
   MPI_Datatype type = MpiDatatype(dtype);
   MPI_Op mpi_op = MpiOp(dtype, Reduction(op));
   std::size_t esize = ElementSize(dtype);
-  for (int64_t off = 0; off < count; off += max_count_) {
-    int n = static_cast<int>(std::min(max_count_, count - off));
+  const int64_t step = ChunkCount(esize);
+  for (int64_t off = 0; off < count; off += step) {
+    int n = static_cast<int>(std::min(step, count - off));
     char* o = static_cast<char*>(out) + off * esize;
     const void* i = in == out ? MPI_IN_PLACE : static_cast<const char*>(in) + off * esize;
     co_await Run("MPI_Iallreduce", [&](MPI_Request* r) {
@@ -190,8 +192,9 @@ Task<> Comm::AllreduceData(const void* in, void* out, int64_t count, DType dtype
 }
 
 Task<> Comm::BroadcastData(void* buf, int64_t bytes, int root) {
-  for (int64_t off = 0; off < bytes; off += max_count_) {
-    int n = static_cast<int>(std::min(max_count_, bytes - off));
+  const int64_t step = ChunkCount(1);
+  for (int64_t off = 0; off < bytes; off += step) {
+    int n = static_cast<int>(std::min(step, bytes - off));
     char* p = static_cast<char*>(buf) + off;
     co_await Run("MPI_Ibcast", [&](MPI_Request* r) { return MPI_Ibcast(p, n, MPI_BYTE, root, comm_, r); });
   }

@@ -9,6 +9,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <coroutine>
@@ -30,8 +31,9 @@ class Comm {
   enum class Wait { kArrival, kTransfer };
 
   // Duplicates `user_comm` (collective over it). Data movement splits counts
-  // above `max_count` elements into several calls.
-  Comm(MPI_Comm user_comm, int64_t max_count);
+  // above `max_count` elements into several calls; allreduces and broadcasts
+  // also split above `chunk_bytes` (0: no such limit).
+  Comm(MPI_Comm user_comm, int64_t max_count, int64_t chunk_bytes = 0);
   ~Comm();
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
@@ -42,6 +44,11 @@ class Comm {
   int local_size() const { return local_size_; }
   MPI_Comm handle() const { return comm_; }
   int64_t max_count() const { return max_count_; }
+  // Elements of `element_size` bytes per allreduce or broadcast call.
+  int64_t ChunkCount(std::size_t element_size) const {
+    if (chunk_bytes_ <= 0) return max_count_;
+    return std::max<int64_t>(1, std::min<int64_t>(max_count_, chunk_bytes_ / element_size));
+  }
 
   // --- driving --------------------------------------------------------------
   bool parked() const { return static_cast<bool>(waiter_); }
@@ -116,6 +123,7 @@ class Comm {
 
   double abort_timeout_s_ = 0;
   int64_t max_count_;
+  int64_t chunk_bytes_;
   const std::atomic<bool>* abandon_ = nullptr;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;

@@ -256,6 +256,7 @@ Config ConfigFromDict(const nb::dict& d) {
   if (auto v = get("timeline_path")) c.timeline_path = nb::cast<std::string>(v);
   if (auto v = get("timeline_mark_cycles")) c.timeline_mark_cycles = nb::cast<bool>(v);
   if (auto v = get("max_mpi_count")) c.max_mpi_count = nb::cast<int64_t>(v);
+  if (auto v = get("chunk_bytes")) c.chunk_bytes = nb::cast<int64_t>(v);
   if (auto v = get("inline_spin_us")) c.inline_spin_us = nb::cast<double>(v);
   if (auto v = get("fault_inject")) c.fault_inject = nb::cast<std::string>(v);
   return c;

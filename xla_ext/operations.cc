@@ -161,6 +161,10 @@ Task<> Operations::Allreduce(std::vector<Job>& jobs, const std::vector<std::size
   }
   // Split each bucket into chunks of at most fusion_threshold bytes (and,
   // without group fusion, never across requests); count each task's chunks.
+  // A chunk also stays within the MPI chunk size: copied in, reduced and copied
+  // out while it is still in cache.
+  std::size_t chunk_cap = static_cast<std::size_t>(config_.fusion_threshold);
+  if (config_.chunk_bytes > 0) chunk_cap = std::min(chunk_cap, static_cast<std::size_t>(config_.chunk_bytes));
   std::vector<std::vector<Item>> chunks;
   for (const FusionKey& key : key_order) {
     const auto& items = buckets[key];
@@ -168,7 +172,7 @@ Task<> Operations::Allreduce(std::vector<Job>& jobs, const std::vector<std::size
     while (begin < items.size()) {
       std::size_t end = begin, bytes = 0;
       while (end < items.size() &&
-             (end == begin || (bytes + items[end].bytes <= static_cast<std::size_t>(config_.fusion_threshold) &&
+             (end == begin || (bytes + items[end].bytes <= chunk_cap &&
                                (config_.group_fusion || items[end].job == items[begin].job)))) {
         bytes += items[end].bytes;
         ++end;
@@ -257,11 +261,20 @@ Task<> Operations::DirectAllreduce(Job& job, const Item& item) {
   timeline_.Begin(r.name, "MPI_ALLREDUCE");
   // In-place MPI is markedly faster than separate buffers (MPICH copies the
   // send buffer itself), and the copy into the output absorbs the prescale.
-  if (r.inputs[item.tensor] != out) AdviseHugePages(out, item.bytes);
-  CopyScaled(r.inputs[item.tensor], out, item.count, dtype, Prescale(r));
+  // Chunk by chunk: each is copied, reduced and postscaled while in cache.
+  const void* in = r.inputs[item.tensor];
+  if (in != out) AdviseHugePages(out, item.bytes);
+  const std::size_t esize = ElementSize(dtype);
+  const int64_t step = comm_.ChunkCount(esize);
+  const double prescale = Prescale(r);
   ++stats_.mpi_calls;
-  co_await comm_.AllreduceData(out, out, item.count, dtype, sig.op);
-  if (sig.postscale != 1.0) Scale(out, out, item.count, dtype, sig.postscale);
+  for (int64_t off = 0; off < item.count; off += step) {
+    const int64_t n = std::min(step, item.count - off);
+    char* o = static_cast<char*>(out) + off * esize;
+    CopyScaled(static_cast<const char*>(in) + off * esize, o, n, dtype, prescale);
+    co_await comm_.AllreduceData(o, o, n, dtype, sig.op);
+    if (sig.postscale != 1.0) Scale(o, o, n, dtype, sig.postscale);
+  }
   timeline_.End(r.name, "MPI_ALLREDUCE");
 }
 

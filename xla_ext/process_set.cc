@@ -27,7 +27,7 @@ ProcessSet::ProcessSet(int32_t id, MPI_Comm comm, const std::vector<int>& global
       config_(config),
       timeline_(timeline.Scoped(id == 0 ? "" : "set " + std::to_string(id) + ": ")),
       faults_(faults),
-      comm_(std::make_unique<Comm>(comm, config.max_mpi_count)),
+      comm_(std::make_unique<Comm>(comm, config.max_mpi_count, config.chunk_bytes)),
       table_(completions, wakeup) {
   comm_->SetAbandonFlag(abandon);
   // A peer that stays silent well past the stall shutdown bound is gone.

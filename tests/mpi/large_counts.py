@@ -1,5 +1,6 @@
-"""Tensors above the MPI count limit are chunked. JAXCACHE_MAX_MPI_COUNT lowers the limit
-(2**31-1 by default) so that this runs on small tensors."""
+"""Tensors above the MPI count limit, or above JAXCACHE_CHUNK_BYTES, are moved in several
+MPI calls. JAXCACHE_MAX_MPI_COUNT (2**31-1 by default) or JAXCACHE_CHUNK_BYTES (4 MiB by
+default) is lowered by the test so that this runs on small tensors."""
 
 import os
 
@@ -12,10 +13,14 @@ from _util import assert_close, done, same_on_all_ranks
 
 jc.init()
 rank, size = jc.rank(), jc.size()
-limit = int(os.environ["JAXCACHE_MAX_MPI_COUNT"])
 from jaxcache._ext import ext
 
-assert ext.max_mpi_count() == limit
+if "JAXCACHE_MAX_MPI_COUNT" in os.environ:
+    limit = int(os.environ["JAXCACHE_MAX_MPI_COUNT"])
+    assert ext.max_mpi_count() == limit
+else:  # float32 elements per chunk
+    limit = int(os.environ["JAXCACHE_CHUNK_BYTES"]) // 4
+    assert jc.runtime.settings().chunk_bytes == 4 * limit
 
 n = 5 * limit + 3  # several chunks and a ragged tail
 x = jnp.arange(n, dtype=jnp.float32) * (rank + 1)
@@ -25,6 +30,11 @@ for mode in ("eager", "jit"):
     y = f(x) if mode == "eager" else jax.jit(f)(x)
     assert_close(y, (np.arange(n, dtype=np.float32) * tri).astype(np.float32), f"allreduce {mode}")
     same_on_all_ranks(y)
+    # Scales are applied chunk by chunk: every chunk once, the ragged tail too.
+    h = lambda v: jc.allreduce(v, "average", prescale=2.0, postscale=3.0, name=f"bigavg.{mode}")
+    z = h(x) if mode == "eager" else jax.jit(h)(x)
+    assert_close(z, np.arange(n, dtype=np.float32) * tri * 6 / size, f"average {mode}", rtol=1e-5)
+    same_on_all_ranks(z)
     # Several members, small ones fused together and a large one reduced directly.
     tree = {"a": x, "b": jnp.ones(limit // 3) * rank, "c": jnp.ones(limit // 2, jnp.float64 if False else jnp.float32)}
     g = lambda t: jc.grouped_allreduce(t, "sum", name=f"bigg.{mode}")
