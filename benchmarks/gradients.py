@@ -200,6 +200,7 @@ def build_torch_gloo(ctx: Context) -> Bench:
 
 def init_torch_gloo(torch: Any) -> None:
     """Join a gloo process group whose rendezvous is agreed through MPI."""
+    torch.set_num_threads(1)  # the ranks share the cores; idle OpenMP workers spin
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(common.free_port())
     os.environ["RANK"] = str(COMM.Get_rank())

@@ -14,3 +14,7 @@ def test_groups_ready_together_are_fused(nranks):
 def test_group_fusion_can_be_disabled(nranks):
     run_mpi("grouped.py", nranks, "fusion-disabled", timeout=120,
             env={"JAXCACHE_CYCLE_TIME": "100", "JAXCACHE_DISABLE_GROUP_FUSION": "1"})
+
+
+def test_donated_gradients_reduced_in_place(nranks):
+    run_mpi("grouped.py", nranks, "donated", timeout=120, env={"JAXCACHE_CHUNK_BYTES": "4096"})

@@ -17,6 +17,11 @@ namespace {
 // Small tensors that may share one fusion buffer: same dtype, op and scales.
 using FusionKey = std::tuple<DType, ReduceOp, double, double>;
 
+// Tensors already in their result buffer are reduced directly from this size
+// (measured, 100 donated 1 MB tensors at 2 ranks: 1.43x -> 1.27x of per-tensor
+// MPI than through the fusion buffer).
+constexpr int64_t kInPlaceDirectBytes = 512 << 10;
+
 // The timeline phase of a kind's MPI work; null when it needs none.
 const char* MpiPhase(Kind kind) {
   switch (kind) {
@@ -148,7 +153,13 @@ Task<> Operations::Allreduce(std::vector<Job>& jobs, const std::vector<std::size
       Item item{ti, t, spec.NumElements(), spec.NumBytes()};
       if (item.count == 0) continue;
       stats_.bytes_reduced += item.bytes;
-      if (static_cast<int64_t>(item.bytes) >= config_.direct_threshold) {
+      // A tensor reduced in its own buffer (XLA aliased a donated operand with
+      // its result) goes direct from a lower size: fusing it would add two copies.
+      const Request& req = *jobs[ti].request;
+      const bool in_place = req.inputs[t] == req.outputs[t];
+      const int64_t threshold =
+          in_place ? std::min<int64_t>(config_.direct_threshold, kInPlaceDirectBytes) : config_.direct_threshold;
+      if (static_cast<int64_t>(item.bytes) >= threshold) {
         ++jobs[ti].remaining;
         direct.push_back(item);
         continue;

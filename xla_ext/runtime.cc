@@ -18,7 +18,10 @@ std::shared_ptr<Runtime> current;
 
 using std::chrono::microseconds;
 constexpr microseconds kMinBackoff{20};
-constexpr microseconds kBusyMaxBackoff{1000};
+// Sleeps between polls grow to this, then to a tenth of the time waited. Kept
+// short: with more ranks than cores a descheduled peer answers ~1 ms late, and a
+// 1 ms cap tripled eager latency at 3 ranks on 2 cores (docs/control_plane.md).
+constexpr microseconds kBusyMaxBackoff{100};
 constexpr microseconds kLongMaxBackoff{20000};
 // A rank waiting for its peers first polls for this long (yielding the core
 // between polls): peers usually answer within tens of microseconds, and a

@@ -113,6 +113,25 @@ if mode == "main":
     _, s = jax.jit(lambda xs: jax.lax.scan(body, 0, xs))(jnp.ones((3, 2)) * rank)
     assert_close(s, np.full((3, 2), (size - 1) / 2, np.float32), "scan grouped")
     done("grouped")
+elif mode == "donated":
+    # Donated gradients (jax.jit(..., donate_argnums=0)): leaves of at least 64 KiB are
+    # aliased with their results and reduced in their own buffers -- from 512 KiB directly
+    # (in 4 KiB chunks here: JAXCACHE_CHUNK_BYTES), smaller ones through the fusion buffer.
+    # Ten steps feed each step's output back in; every size class against NumPy.
+    sizes = {"small": 1000, "aliased_fused": 40_000, "aliased_direct": 200_000, "large": 600_000}
+    step = jax.jit(lambda t: jc.grouped_allreduce(t, "average", prescale=2.0, postscale=0.5,
+                                                  name="donated"), donate_argnums=0)
+    tree = {k: jnp.arange(n, dtype=jnp.float32) * (rank + 1) for k, n in sizes.items()}
+    before = jc.stats()
+    for i in range(10):
+        tree = step(tree)
+    mean = (size + 1) / 2  # every step keeps the average of the ranks' values
+    for k, n in sizes.items():
+        assert_close(tree[k], np.arange(n, dtype=np.float32) * mean, f"donated {k}", rtol=1e-5)
+        same_on_all_ranks(tree[k], f"donated {k}")
+    after = jc.stats()
+    assert after["bytes_reduced"] - before["bytes_reduced"] == 10 * 4 * sum(sizes.values())
+    done("donated")
 else:
     # Groups ready in the same cycle share fusion buffers (JAXCACHE_CYCLE_TIME batches
     # the burst). With JAXCACHE_DISABLE_GROUP_FUSION=1 they never do. (The groups are
