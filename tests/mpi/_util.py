@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 from mpi4py import MPI
 
@@ -34,3 +36,15 @@ def done(name: str) -> None:
     COMM.Barrier()
     if COMM.rank == 0:
         print(f"{name}: OK on {COMM.size} ranks", flush=True)
+
+
+def raises(exc, pattern: str, fn, *args, **kwargs):
+    """Calls fn and asserts it raises `exc` with a message matching `pattern`; returns it."""
+    try:
+        fn(*args, **kwargs)
+    except exc as e:
+        assert re.search(pattern, str(e)), f"{type(e).__name__}: {str(e)!r} lacks {pattern!r}"
+        return e
+    except Exception as e:  # noqa: BLE001
+        raise AssertionError(f"expected {exc.__name__} matching {pattern!r}, got {type(e).__name__}: {e}")
+    raise AssertionError(f"expected {exc.__name__} matching {pattern!r}, nothing raised")

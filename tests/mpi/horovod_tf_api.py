@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 import warnings
 import zlib
@@ -17,23 +16,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from _util import COMM, done, same_on_all_ranks  # noqa: E402
+from _util import COMM, done, raises, same_on_all_ranks  # noqa: E402
 
 import jaxcache  # noqa: E402
 import jaxcache.tensorflow as hvd  # noqa: E402
 
 RANK, SIZE = COMM.rank, COMM.size
-
-
-def raises(exc, pattern: str, fn, *args, **kwargs):
-    try:
-        fn(*args, **kwargs)
-    except exc as e:
-        assert re.search(pattern, str(e)), f"{type(e).__name__}: {str(e)!r} lacks {pattern!r}"
-        return e
-    except Exception as e:  # noqa: BLE001
-        raise AssertionError(f"expected {exc.__name__} matching {pattern!r}, got {type(e).__name__}: {e}")
-    raise AssertionError(f"expected {exc.__name__} matching {pattern!r}, nothing raised")
 
 
 raises(ValueError, r"init\(\)", hvd.rank)

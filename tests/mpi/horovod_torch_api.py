@@ -7,30 +7,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 import warnings
 import zlib
 
 import numpy as np
 import torch
-from _util import COMM, done, same_on_all_ranks
+from _util import COMM, done, raises, same_on_all_ranks
 
 import jaxcache.torch as hvd
 
 RANK, SIZE = COMM.rank, COMM.size
 torch.set_num_threads(1)
-
-
-def raises(exc, pattern: str, fn, *args, **kwargs):
-    try:
-        fn(*args, **kwargs)
-    except exc as e:
-        assert re.search(pattern, str(e)), f"{type(e).__name__}: {str(e)!r} lacks {pattern!r}"
-        return e
-    except Exception as e:  # noqa: BLE001
-        raise AssertionError(f"expected {exc.__name__} matching {pattern!r}, got {type(e).__name__}: {e}")
-    raise AssertionError(f"expected {exc.__name__} matching {pattern!r}, nothing raised")
 
 
 # --- before init: Horovod's ValueError ------------------------------------------------------------

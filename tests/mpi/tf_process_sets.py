@@ -14,14 +14,13 @@ set; non-members and unregistered sets raise ValueError without holding up the o
 from __future__ import annotations
 
 import os
-import re
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from _util import COMM, done  # noqa: E402
+from _util import COMM, done, raises  # noqa: E402
 
 import jaxcache  # noqa: E402
 import jaxcache.tensorflow as hvd  # noqa: E402
@@ -39,17 +38,6 @@ MINE, OTHER = (A, B) if RANK < 2 else (B, A)
 MEMBERS, N, ME = MINE.ranks, MINE.size(), MINE.rank()
 assert MEMBERS[ME] == RANK and MINE.included() and not OTHER.included()
 SUB = COMM.Split(0 if RANK < 2 else 1, RANK)  # the same ranks, for checking results only
-
-
-def raises(exc, pattern: str, fn, *args, **kwargs):
-    try:
-        fn(*args, **kwargs)
-    except exc as e:
-        assert re.search(pattern, str(e)), f"{type(e).__name__}: {str(e)!r} lacks {pattern!r}"
-        return e
-    except Exception as e:  # noqa: BLE001
-        raise AssertionError(f"expected {exc.__name__} matching {pattern!r}, got {type(e).__name__}: {e}")
-    raise AssertionError(f"expected {exc.__name__} matching {pattern!r}, nothing raised")
 
 
 def data(seed: int, r: int, shape, dtype=np.float64) -> np.ndarray:

@@ -12,12 +12,11 @@ others; the sets are the very objects of jaxcache's JAX API.
 
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import torch
 from mpi4py import MPI
-from _util import COMM, done
+from _util import COMM, done, raises
 
 import jaxcache
 import jaxcache.torch as hvd
@@ -40,17 +39,6 @@ assert MEMBERS == ([0, 1] if RANK < 2 else list(range(2, SIZE))) and MEMBERS[ME]
 assert MINE.included() is True and OTHER.included() is False
 assert hvd.global_process_set.ranks == list(range(SIZE)) and hvd.global_process_set.size() == SIZE
 SUB = COMM.Split(0 if RANK < 2 else 1, RANK)  # the same ranks, for checking results only
-
-
-def raises(exc, pattern: str, fn, *args, **kwargs):
-    try:
-        fn(*args, **kwargs)
-    except exc as e:
-        assert re.search(pattern, str(e)), f"{type(e).__name__}: {str(e)!r} lacks {pattern!r}"
-        return e
-    except Exception as e:  # noqa: BLE001
-        raise AssertionError(f"expected {exc.__name__} matching {pattern!r}, got {type(e).__name__}: {e}")
-    raise AssertionError(f"expected {exc.__name__} matching {pattern!r}, nothing raised")
 
 
 def data(seed: int, r: int, shape, dtype=torch.float64) -> torch.Tensor:
