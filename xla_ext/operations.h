@@ -50,6 +50,9 @@ class Operations {
   Task<> BroadcastTensor(Job& job, std::size_t tensor);
   Task<> AllgatherTensor(Job& job, std::size_t tensor);
   Task<> ReducescatterTensor(Job& job, std::size_t tensor);
+  // A large reducescatter, JAXCACHE_CHUNK_BYTES of input per MPI call.
+  Task<> ChunkedReducescatter(const void* in, void* out, const std::vector<int64_t>& counts,
+                              DType dtype, ReduceOp op, double prescale);
   Task<> AlltoallTensor(Job& job, std::size_t tensor);
   // The ranks whose data counts (those that have not joined).
   int Contributors(const Request& r) const { return r.contributors ? r.contributors : comm_.size(); }
@@ -73,7 +76,7 @@ class Operations {
   Complete complete_;
   std::string first_failure_;
   std::vector<char> fusion_buffer_;
-  std::vector<char> scratch_;  // reducescatter's prescaled input
+  std::vector<char> scratch_;  // reducescatter's prescaled (or packed) input
 };
 
 }  // namespace jaxcache
