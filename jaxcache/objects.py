@@ -76,12 +76,12 @@ def allgather(obj: Any, name: str | None, api: str, process_set=None) -> list:
 
 
 def broadcast_object(obj: Any = None, root: int = 0, *, name: str | None = None,
-                     process_set=None) -> Any:
+                     process_set=None, comm=None) -> Any:
     """`root`'s picklable `obj`, on every rank (of `process_set`; `root` is a global rank;
     other ranks' `obj` is ignored)."""
-    return broadcast(obj, root, name, "broadcast_object", process_set)
+    return broadcast(obj, root, name, "broadcast_object", process_sets.pick(process_set, comm, "broadcast_object"))
 
 
-def allgather_object(obj: Any, *, name: str | None = None, process_set=None) -> list:
+def allgather_object(obj: Any, *, name: str | None = None, process_set=None, comm=None) -> list:
     """Every rank's picklable `obj`, as a list in rank order (of `process_set`), on every rank."""
-    return allgather(obj, name, "allgather_object", process_set)
+    return allgather(obj, name, "allgather_object", process_sets.pick(process_set, comm, "allgather_object"))

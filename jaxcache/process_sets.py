@@ -289,8 +289,21 @@ def _same_as_registered(ps: ProcessSet, fn: str) -> ProcessSet:
                      "jaxcache.add_process_set first; a removed set stays removed)")
 
 
-def resolve(process_set, fn: str, member: bool = True) -> Resolved:
-    """The registered set a collective names; with `member`, this rank must belong to it."""
+def pick(process_set, comm, fn: str):
+    """`process_set=` or, in mpi4jax's spelling, `comm=` (an mpi4py communicator): one of them."""
+    if comm is None:
+        return process_set
+    if process_set is not None:
+        raise TypeError(f"jaxcache.{fn}: pass process_set= or comm=, not both")
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(f"jaxcache.{fn}: comm must be an mpi4py communicator, got {type(comm).__name__}")
+    return comm
+
+
+def resolve(process_set, fn: str, member: bool = True, comm=None) -> Resolved:
+    """The registered set a collective names (`process_set=`, or an mpi4py communicator as
+    `comm=`); with `member`, this rank must belong to it."""
+    process_set = pick(process_set, comm, fn)
     if process_set is None or process_set is global_process_set:
         return Resolved(0, ext.size(), ext.rank(), tuple(global_process_set.ranks or ()))
     if isinstance(process_set, MPI.Comm):

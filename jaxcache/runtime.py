@@ -81,11 +81,11 @@ def _shutdown_at_exit() -> None:
         time.sleep(0.005)
 
 
-def barrier(name: str = "jaxcache.barrier", *, process_set=None) -> None:
+def barrier(name: str = "jaxcache.barrier", *, process_set=None, comm=None) -> None:
     """Returns once every rank (of `process_set`) has called barrier() (eager; negotiated like
     any collective)."""
     require_initialized("jaxcache.barrier()")
-    ps = _process_sets.resolve(process_set, "barrier")
+    ps = _process_sets.resolve(process_set, "barrier", comm=comm)
     status, message = ext.barrier(name, ps.id).wait()
     raise_for_status(status, message)
 

@@ -105,7 +105,7 @@ def _leaves(tree, fn: str):
     return [p for p, _ in leaves], values, treedef
 
 
-def allgather(tree, *, name: str | None = None, process_set=None):
+def allgather(tree, *, name: str | None = None, process_set=None, comm=None):
     """Concatenates each rank's arrays along axis 0 in rank order (a scalar becomes a
     vector of one value per rank). A pytree is gathered leaf by leaf as one request.
 
@@ -114,7 +114,7 @@ def allgather(tree, *, name: str | None = None, process_set=None):
     the set's ranks in the set's rank order.
     """
     runtime.require_initialized("jaxcache.allgather")
-    ps = process_sets.resolve(process_set, "allgather")
+    ps = process_sets.resolve(process_set, "allgather", comm=comm)
     validation.check_name(name, "allgather")
     _, values, treedef = _leaves(tree, "allgather")
     if not values:
@@ -124,7 +124,7 @@ def allgather(tree, *, name: str | None = None, process_set=None):
 
 
 def grouped_allgather(tree, *, name: str | None = None, num_groups: int | None = None,
-                      group_bytes: int | None = None, groups=None, process_set=None):
+                      group_bytes: int | None = None, groups=None, process_set=None, comm=None):
     """allgather of every array leaf of `tree`, split into groups like grouped_allreduce.
 
     Each group is one request, negotiated and cached as a unit (default: reverse leaf
@@ -133,7 +133,7 @@ def grouped_allgather(tree, *, name: str | None = None, num_groups: int | None =
     eagerly, not under jit.
     """
     runtime.require_initialized("jaxcache.grouped_allgather")
-    ps = process_sets.resolve(process_set, "grouped_allgather")
+    ps = process_sets.resolve(process_set, "grouped_allgather", comm=comm)
     validation.check_name(name, "grouped_allgather")
     paths, values, treedef = _leaves(tree, "grouped_allgather")
     if not values:

@@ -136,7 +136,7 @@ def reduce_values(values: list, op: str, name: str, prescale: float, postscale: 
 
 
 def allreduce(x, op: str = "average", *, name: str | None = None, prescale: float = 1.0,
-              postscale: float = 1.0, process_set=None):
+              postscale: float = 1.0, process_set=None, comm=None):
     """Reduces `x` across all ranks (of `process_set`): op is "sum", "average", "min",
     "max" or "prod".
 
@@ -146,7 +146,7 @@ def allreduce(x, op: str = "average", *, name: str | None = None, prescale: floa
     by default it is derived from the call site.
     """
     runtime.require_initialized("jaxcache.allreduce")
-    ps = process_sets.resolve(process_set, "allreduce")
+    ps = process_sets.resolve(process_set, "allreduce", comm=comm)
     op = validation.check_op(op, "allreduce")
     validation.check_name(name, "allreduce")
     x = validation.as_array(x, "allreduce", "x")

@@ -84,7 +84,7 @@ ad.primitive_transposes[alltoall_p] = _transpose
 batching.primitive_batchers[alltoall_p] = _batch
 
 
-def alltoall(x, *, name: str | None = None, splits=None, process_set=None):
+def alltoall(x, *, name: str | None = None, splits=None, process_set=None, comm=None):
     """Sends block j of `x`'s first dimension to rank j; returns the received blocks
     concatenated in rank order.
 
@@ -96,7 +96,7 @@ def alltoall(x, *, name: str | None = None, splits=None, process_set=None):
     ranks: block j goes to the set's rank j.
     """
     runtime.require_initialized("jaxcache.alltoall")
-    ps = process_sets.resolve(process_set, "alltoall")
+    ps = process_sets.resolve(process_set, "alltoall", comm=comm)
     validation.check_name(name, "alltoall")
     x = validation.as_array(x, "alltoall", "x")
     validation.check_first_dim(x, "alltoall", "x")

@@ -64,14 +64,14 @@ ad.primitive_transposes[broadcast_p] = _transpose
 batching.primitive_batchers[broadcast_p] = _batch
 
 
-def broadcast(tree, root: int = 0, *, name: str | None = None, process_set=None):
+def broadcast(tree, root: int = 0, *, name: str | None = None, process_set=None, comm=None):
     """Returns root's `tree` on every rank (arrays or a pytree of arrays; None leaves pass).
 
     With `process_set`, on the set's ranks only; `root` is still the root's global rank.
     """
     runtime.require_initialized("jaxcache.broadcast")
     validation.check_name(name, "broadcast")
-    ps = process_sets.resolve(process_set, "broadcast")
+    ps = process_sets.resolve(process_set, "broadcast", comm=comm)
     root = process_sets.set_root(root, ps, "broadcast")
     leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
     if not leaves:

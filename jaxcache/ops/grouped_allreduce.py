@@ -12,7 +12,7 @@ from .allreduce import reduce_values
 def grouped_allreduce(tree, op: str = "average", *, name: str | None = None,
                       num_groups: int | None = None, group_bytes: int | None = None,
                       groups=None, prescale: float = 1.0, postscale: float = 1.0,
-                      process_set=None):
+                      process_set=None, comm=None):
     """Reduces every array leaf of `tree`; returns a pytree of the same structure.
 
     Leaves are split into groups (default: reverse leaf order, at most
@@ -22,7 +22,7 @@ def grouped_allreduce(tree, op: str = "average", *, name: str | None = None,
     None leaves pass through untouched. `process_set`: reduce across its ranks only.
     """
     runtime.require_initialized("jaxcache.grouped_allreduce")
-    ps = process_sets.resolve(process_set, "grouped_allreduce")
+    ps = process_sets.resolve(process_set, "grouped_allreduce", comm=comm)
     op = validation.check_op(op, "grouped_allreduce")
     validation.check_name(name, "grouped_allreduce")
     leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)

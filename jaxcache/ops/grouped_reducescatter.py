@@ -12,7 +12,7 @@ from .reducescatter import check_leaf, scatter_values
 def grouped_reducescatter(tree, op: str = "average", *, name: str | None = None,
                           num_groups: int | None = None, group_bytes: int | None = None,
                           groups=None, prescale: float = 1.0, postscale: float = 1.0,
-                          process_set=None):
+                          process_set=None, comm=None):
     """reducescatter of every array leaf of `tree`; returns this rank's slices, same structure.
 
     Leaves are grouped like grouped_allreduce (default: reverse leaf order, at most
@@ -20,7 +20,7 @@ def grouped_reducescatter(tree, op: str = "average", *, name: str | None = None,
     explicit `groups`); each group is one request, negotiated and cached as a unit.
     """
     runtime.require_initialized("jaxcache.grouped_reducescatter")
-    ps = process_sets.resolve(process_set, "grouped_reducescatter")
+    ps = process_sets.resolve(process_set, "grouped_reducescatter", comm=comm)
     op = validation.check_op(op, "grouped_reducescatter")
     validation.check_name(name, "grouped_reducescatter")
     leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)

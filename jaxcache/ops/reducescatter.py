@@ -134,7 +134,7 @@ def check_leaf(x, op: str, prescale, postscale, fn: str, what: str):
 
 
 def reducescatter(x, op: str = "average", *, name: str | None = None, prescale: float = 1.0,
-                  postscale: float = 1.0, process_set=None):
+                  postscale: float = 1.0, process_set=None, comm=None):
     """Reduces `x` across ranks; returns this rank's slice of the first dimension.
 
     op is "sum", "average", "min", "max" or "prod"; the result is
@@ -145,7 +145,7 @@ def reducescatter(x, op: str = "average", *, name: str | None = None, prescale: 
     `process_set`, across its ranks, sliced in the set's rank order.
     """
     runtime.require_initialized("jaxcache.reducescatter")
-    ps = process_sets.resolve(process_set, "reducescatter")
+    ps = process_sets.resolve(process_set, "reducescatter", comm=comm)
     op = validation.check_op(op, "reducescatter")
     validation.check_name(name, "reducescatter")
     x = check_leaf(x, op, prescale, postscale, "reducescatter", "x")

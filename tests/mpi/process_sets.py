@@ -336,6 +336,13 @@ elif scenario == "lifecycle":
     g = jc.allgather(jnp.asarray([rank]), process_set=node)
     assert list(np.asarray(g)) == members
     jc.barrier(process_set=split)
+    # mpi4jax's spelling: comm= is the same as process_set=, under jit too.
+    z = jax.jit(lambda v: jc.allreduce(v, "sum", name="split.comm", comm=split))(jnp.full(2, float(rank)))
+    assert_close(z, np.full(2, sum(members), np.float32), "split comm= jit")
+    assert jc.allgather_object(rank, comm=split) == members
+    jc.barrier(comm=split)
+    expect_error(lambda: jc.allreduce(jnp.ones(1), comm=split, process_set=node), "TypeError", "not both")
+    expect_error(lambda: jc.allreduce(jnp.ones(1), comm=node), "TypeError", "mpi4py communicator")
     # The job's communicator names the global set.
     assert_close(jc.allreduce(jnp.ones(1), "sum", process_set=COMM), np.full(1, size, np.float32), "world")
     # A communicator that is not registered (here: every rank, in reverse order) is refused.
