@@ -40,7 +40,7 @@ def init(comm: MPI.Comm | None = None, process_sets: Sequence | None = None) -> 
             "jaxcache needs MPI initialized with MPI_THREAD_MULTIPLE (its background thread calls "
             "MPI); do not lower mpi4py.rc.thread_level before importing mpi4py.MPI"
         )
-    cfg = _config.synchronize(comm, _config.from_env())
+    cfg = _config.synchronize(comm, _settings_everywhere(comm))
     ext.init(MPI._addressof(comm), cfg.as_dict())
     _settings = cfg
     _process_sets.started(comm, ext.size())
@@ -50,6 +50,20 @@ def init(comm: MPI.Comm | None = None, process_sets: Sequence | None = None) -> 
         # Registered after mpi4py's own exit handler, so it runs before MPI is finalized.
         atexit.register(_shutdown_at_exit)
         _atexit_registered = True
+
+
+def _settings_everywhere(comm: MPI.Comm) -> _config.Config:
+    """This rank's settings; a bad JAXCACHE_* value on any rank raises on every rank (the
+    others would otherwise wait for it in the collective start-up)."""
+    try:
+        mine, problem = _config.from_env(), None
+    except ValueError as e:
+        mine, problem = None, str(e)
+    problems = comm.allgather(problem)
+    bad = [f"rank {r}: {p}" for r, p in enumerate(problems) if p is not None]
+    if bad:
+        raise ValueError("jaxcache.init: invalid settings, nothing started: " + "; ".join(bad))
+    return mine
 
 
 def shutdown() -> None:

@@ -23,6 +23,11 @@ def test_rank0_settings_win(nranks):
     assert out.count("differs from rank 0's") == 2, out[-3000:]  # rank 1 only, once per variable
 
 
+def test_a_bad_setting_on_one_rank_fails_init_on_every_rank(nranks):
+    out = run_mpi("exactly_once.py", nranks, "bad-setting", timeout=120).stdout
+    assert f"exactly_once bad-setting: OK on {nranks} ranks" in out, out[-3000:]
+
+
 @pytest.mark.parametrize("point", ["coordinator", "decode", "data", "complete"])
 def test_fault_injection(nranks, point):
     run_mpi("faults.py", nranks, point, timeout=240)

@@ -404,14 +404,15 @@ Task<> Operations::ChunkedReducescatter(const void* in, void* out, const std::ve
   if (scratch_.size() < static_cast<std::size_t>(per * size) * esize) scratch_.resize(per * size * esize);
   std::vector<int64_t> displ(size, 0), piece(size);
   for (int q = 1; q < size; ++q) displ[q] = displ[q - 1] + counts[q - 1];
+  ++stats_.mpi_calls;  // counted per tensor, as the other chunked calls are
   for (int64_t off = 0; off < longest; off += per) {
     char* packed = scratch_.data();
     for (int q = 0; q < size; ++q) {
       piece[q] = std::clamp<int64_t>(counts[q] - off, 0, per);
+      if (piece[q] == 0) continue;  // a shorter block (uneven split) is done
       CopyScaled(static_cast<const char*>(in) + (displ[q] + off) * esize, packed, piece[q], dtype, prescale);
       packed += piece[q] * esize;
     }
-    ++stats_.mpi_calls;
     co_await comm_.ReducescatterData(scratch_.data(), static_cast<char*>(out) + std::min(off, counts[comm_.rank()]) * esize,
                                      piece, dtype, op);
   }

@@ -32,6 +32,18 @@ rank, size = COMM.rank, COMM.size
 if mode == "settings" and rank == 1:
     os.environ["JAXCACHE_STALL_SHUTDOWN_TIME"] = "7"
     os.environ["JAXCACHE_MAX_MPI_COUNT"] = "3"
+if mode == "bad-setting":
+    # One rank's bad value fails init() on every rank, naming the rank; a corrected retry works.
+    if rank == size - 1:
+        os.environ["JAXCACHE_CHUNK_BYTES"] = "-1"
+    try:
+        jc.init()
+    except ValueError as e:
+        assert f"rank {size - 1}: JAXCACHE_CHUNK_BYTES='-1' must be >= 0" in str(e), e
+    else:
+        raise AssertionError("init() accepted a bad setting")
+    assert not jc.is_initialized()
+    os.environ.pop("JAXCACHE_CHUNK_BYTES", None)
 jc.init()
 
 
@@ -197,6 +209,10 @@ elif mode == "settings":
     y = jax.jit(lambda v: jc.allreduce(v, "sum", name="settings.big"))(jnp.ones(1000))
     assert_close(y, np.full(1000, size, np.float32), "allreduce")
     done("exactly_once settings")
+
+elif mode == "bad-setting":
+    assert_close(jc.allreduce(jnp.ones(3), "sum", name="after.bad"), np.full(3, size, np.float32), "after")
+    done("exactly_once bad-setting")
 
 elif mode == "resize":
     gather = jax.jit(lambda v: jc.allgather(v, name="resize.gather"))
