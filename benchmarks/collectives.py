@@ -5,6 +5,9 @@
 
 For each op and tensor size (bytes of the input on each rank), in the same job:
   mpi4py      Reduce_scatter_block (sum) / Alltoall of the same bytes: the baseline
+  mpi4py_xla  the same call reading the JAX input array's own buffer and writing into a
+              reused XLA-allocated array: what any MPI binding gets from XLA's memory
+              (4 KiB pages where NumPy's large arrays get huge pages)
   mpi4jax     mpi4jax.alltoall under jax.jit (mpi4jax has no reduce-scatter)  (if installed)
   jc_eager    jaxcache.reducescatter / alltoall on a concrete array
   jc_jit      the same inside jax.jit
@@ -15,6 +18,7 @@ Each method is checked once against NumPy, then timed in batches of back-to-back
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -42,6 +46,13 @@ def expected(op: str, n: int) -> np.ndarray:
     return np.concatenate([common.rank_tensor((n,), 0, q)[rank * block:(rank + 1) * block] for q in range(size)])
 
 
+def xla_view(a: Any) -> np.ndarray:
+    """A writable NumPy view of a CPU JAX array's buffer (no copy)."""
+    pointer = a.unsafe_buffer_pointer()
+    raw = (ctypes.c_byte * a.nbytes).from_address(pointer)
+    return np.frombuffer(raw, a.dtype).reshape(a.shape)
+
+
 def methods_for(op: str, x: np.ndarray, jax: Any, jc: Any, m4j: Any) -> dict[str, Callable[[], Any]]:
     """Blocking single-call functions per method, all computing the same result."""
     size = COMM.Get_size()
@@ -51,6 +62,18 @@ def methods_for(op: str, x: np.ndarray, jax: Any, jc: Any, m4j: Any) -> dict[str
     else:
         recv = np.empty_like(x)
         out = {"mpi4py": lambda: (COMM.Alltoall(x, recv), recv)[1]}
+    if jax is not None:
+        xj, oj = jax.numpy.asarray(x), jax.numpy.zeros_like(recv) + 1  # XLA's own buffers
+        xv, ov = xla_view(xj), xla_view(oj)
+
+        def on_xla_buffers(keep=(xj, oj)):  # `keep`: the views do not own their memory
+            if op == "reducescatter":
+                COMM.Reduce_scatter_block(xv, ov, op=MPI.SUM)
+            else:
+                COMM.Alltoall(xv, ov)
+            return ov
+
+        out["mpi4py_xla"] = on_xla_buffers
     if m4j is not None and op == "alltoall":
         xb = jax.numpy.asarray(x.reshape(size, -1))  # mpi4jax wants one row per rank
 
@@ -98,8 +121,9 @@ def run_size(op: str, nbytes: int, mods: dict, batches: int, target_s: float) ->
             notes.append(f"{name}: {note}")
         if seconds is not None:
             row[f"{name}_us"] = seconds * 1e6
-    for name in ("mpi4jax", "jc_eager", "jc_jit"):
+    for name in ("mpi4py_xla", "mpi4jax", "jc_eager", "jc_jit"):
         row[f"{name}/mpi"] = common.ratio(row.get(f"{name}_us"), row.get("mpi4py_us"))
+    row["jc_jit/mpi4py_xla"] = common.ratio(row.get("jc_jit_us"), row.get("mpi4py_xla_us"))
     row["other_load"] = meter.stop()
     meter.free()
     row["note"] = "; ".join(notes)
@@ -149,8 +173,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     finally:
         if "jc" in mods:
             jc.shutdown()
-    columns = ["op", "size", "mpi4py_us", "mpi4jax_us", "jc_eager_us", "jc_jit_us", "mpi4jax/mpi",
-               "jc_eager/mpi", "jc_jit/mpi", "other_load", "note"]
+    columns = ["op", "size", "mpi4py_us", "mpi4py_xla_us", "mpi4jax_us", "jc_eager_us", "jc_jit_us",
+               "mpi4py_xla/mpi", "mpi4jax/mpi", "jc_eager/mpi", "jc_jit/mpi", "jc_jit/mpi4py_xla",
+               "other_load", "note"]
     common.say(f"P={COMM.Get_size()}; size = bytes of each rank's input; mpi4py = Reduce_scatter_block "
                "(sum) / Alltoall; other_load = cores used by processes outside this job (~0 = idle host)")
     common.print_table(rows, columns)

@@ -21,6 +21,13 @@ def test_data_paths(nranks, env):
     assert f"vocabulary data-paths: OK on {nranks} ranks" in out
 
 
+@pytest.mark.parametrize("scenario", ["reducescatter", "data-paths"])
+def test_reducescatter_five_ranks(scenario):
+    """From 5 ranks small reducescatters go to MPI's own call, large ones pairwise."""
+    out = run_mpi("vocabulary.py", 5, scenario, timeout=300).stdout
+    assert f"vocabulary {scenario}: OK on 5 ranks" in out
+
+
 def test_transforms_grad_jvp_vmap(nranks):
     out = run_mpi("vocabulary_transforms.py", nranks, timeout=240).stdout
     assert f"vocabulary_transforms: OK on {nranks} ranks" in out

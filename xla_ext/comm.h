@@ -85,6 +85,11 @@ class Comm {
   // `largest`: the largest number of bytes any rank sends any rank.
   Task<> AlltoallData(const void* in, const std::vector<int64_t>& send, void* out,
                       const std::vector<int64_t>& recv, int64_t largest);
+  // One step of a pairwise exchange: sends `send_count` elements to rank `to`
+  // while receiving `recv_count` from rank `from` (a zero count skips that side;
+  // the peer's matching count is zero too). `what` names the collective in errors.
+  Task<> Exchange(const void* send, int64_t send_count, int to, void* recv, int64_t recv_count,
+                  int from, DType dtype, const char* what);
 
   // When > 0, a request that gets no answer for this long means a peer is
   // gone (dead process, failed link): the job is aborted instead of hanging.

@@ -22,11 +22,14 @@ using FusionKey = std::tuple<DType, ReduceOp, double, double>;
 // MPI than through the fusion buffer).
 constexpr int64_t kInPlaceDirectBytes = 512 << 10;
 
-// Reducescatters of more than this many JAXCACHE_CHUNK_BYTES are run a chunk
-// at a time. With MPICH on 2 ranks (benchmarks/collectives.py, jit) 64 MB took
-// 28.4 ms in one call and 12.3 ms in 4 MiB pieces, packing included; 100 MB
-// 40 ms and 21 ms; at 4-16 MB both forms take the same time.
-constexpr int64_t kChunkedReducescatterChunks = 2;
+// Reducescatters run as pairwise exchanges (PairwiseReducescatter) on up to
+// this many ranks at any size, and on more from this many bytes (MPICH's own
+// crossover to pairwise exchange). Measured against MPI_Ireduce_scatter_block
+// (benchmarks/collectives.py, jit, float32): at 2 ranks 64 KiB 19.9 -> 13.8 us,
+// 1 MB 219 -> 63 us, 16 MB 2.9 -> 1.4 ms, 64 MB (MPICH's temporary buffer
+// faulted in every call) 21 -> 9 ms; at 3 ranks on 2 cores 16 KiB 93 -> 32 us.
+constexpr int kPairwiseReducescatterRanks = 4;
+constexpr int64_t kPairwiseReducescatterBytes = 512 << 10;
 
 // The timeline phase of a kind's MPI work; null when it needs none.
 const char* MpiPhase(Kind kind) {
@@ -373,9 +376,9 @@ Task<> Operations::ReducescatterTensor(Job& job, std::size_t t) {
   const std::size_t esize = ElementSize(spec.dtype);
   AdviseHugePages(out, counts[comm_.rank()] * esize);
   const double post = sig.op == ReduceOp::kAverage ? sig.postscale / Contributors(r) : sig.postscale;
-  if (config_.chunk_bytes > 0 &&
-      static_cast<int64_t>(spec.NumBytes()) > kChunkedReducescatterChunks * config_.chunk_bytes) {
-    co_await ChunkedReducescatter(r.inputs[t], out, counts, spec.dtype, sig.op, sig.prescale);
+  if (size > 1 && (size <= kPairwiseReducescatterRanks ||
+                   static_cast<int64_t>(spec.NumBytes()) >= kPairwiseReducescatterBytes)) {
+    co_await PairwiseReducescatter(r.inputs[t], out, counts, spec.dtype, sig.op, sig.prescale);
     if (post != 1.0) Scale(out, out, counts[comm_.rank()], spec.dtype, post);
     co_return;
   }
@@ -392,29 +395,49 @@ Task<> Operations::ReducescatterTensor(Job& job, std::size_t t) {
   if (post != 1.0) Scale(out, out, counts[comm_.rank()], spec.dtype, post);
 }
 
-Task<> Operations::ChunkedReducescatter(const void* in, void* out, const std::vector<int64_t>& counts,
-                                        DType dtype, ReduceOp op, double prescale) {
-  // Chunk c reduces elements [c * per, (c + 1) * per) of every rank's block:
-  // those pieces are gathered (and prescaled) into scratch, in rank order, and
-  // reduce-scattered from there, so every call works on a cache-sized buffer.
-  const int size = comm_.size();
+Task<> Operations::PairwiseReducescatter(const void* in, void* out, const std::vector<int64_t>& counts,
+                                         DType dtype, ReduceOp op, double prescale) {
+  const int size = comm_.size(), me = comm_.rank();
   const std::size_t esize = ElementSize(dtype);
-  const int64_t per = std::max<int64_t>(1, config_.chunk_bytes / static_cast<int64_t>(esize) / size);
+  // Pieces of JAXCACHE_CHUNK_BYTES: 1 and 16 MiB pieces were slower than 4 MiB
+  // at 16-100 MB (2 ranks), one piece per block 1.2x slower at 100 MB.
   const int64_t longest = *std::max_element(counts.begin(), counts.end());
-  if (scratch_.size() < static_cast<std::size_t>(per * size) * esize) scratch_.resize(per * size * esize);
-  std::vector<int64_t> displ(size, 0), piece(size);
+  const int64_t per = std::max<int64_t>(1, std::min(comm_.ChunkCount(esize), longest));
+  const bool scaled = prescale != 1.0;
+  if (size > 2 || scaled) {
+    const std::size_t need = static_cast<std::size_t>(per) * esize * (scaled ? 2 : 1);
+    if (scratch_.size() < need) scratch_.resize(need);
+  }
+  std::vector<int64_t> displ(size, 0);
   for (int q = 1; q < size; ++q) displ[q] = displ[q - 1] + counts[q - 1];
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  op = Reduction(op);
   ++stats_.mpi_calls;  // counted per tensor, as the other chunked calls are
+  // Piece by piece so that what arrives is reduced while it is in cache. Every
+  // rank runs the same pieces and steps in the same order; step k sends to
+  // rank me + k the piece of its block and receives from rank me - k the piece
+  // of ours.
   for (int64_t off = 0; off < longest; off += per) {
-    char* packed = scratch_.data();
-    for (int q = 0; q < size; ++q) {
-      piece[q] = std::clamp<int64_t>(counts[q] - off, 0, per);
-      if (piece[q] == 0) continue;  // a shorter block (uneven split) is done
-      CopyScaled(static_cast<const char*>(in) + (displ[q] + off) * esize, packed, piece[q], dtype, prescale);
-      packed += piece[q] * esize;
+    const int64_t n = std::clamp<int64_t>(counts[me] - off, 0, per);
+    char* acc = dst + off * esize;
+    for (int k = 1; k < size; ++k) {
+      const int to = (me + k) % size, from = (me - k + size) % size;
+      const int64_t sn = std::clamp<int64_t>(counts[to] - off, 0, per);
+      char* landing = k == 1 ? acc : scratch_.data();
+      co_await comm_.Exchange(src + (displ[to] + off) * esize, sn, to, landing, n, from, dtype,
+                              "a reducescatter");
+      if (scaled) Scale(landing, landing, n, dtype, prescale);
+      if (k > 1) ReduceLocal(dtype, op, landing, acc, n);
     }
-    co_await comm_.ReducescatterData(scratch_.data(), static_cast<char*>(out) + std::min(off, counts[comm_.rank()]) * esize,
-                                     piece, dtype, op);
+    const char* own = src + (displ[me] + off) * esize;
+    if (scaled) {
+      char* own_scaled = scratch_.data() + per * esize;
+      Scale(own, own_scaled, n, dtype, prescale);
+      ReduceLocal(dtype, op, own_scaled, acc, n);
+    } else {
+      ReduceLocal(dtype, op, own, acc, n);
+    }
   }
 }
 

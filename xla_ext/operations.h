@@ -50,9 +50,10 @@ class Operations {
   Task<> BroadcastTensor(Job& job, std::size_t tensor);
   Task<> AllgatherTensor(Job& job, std::size_t tensor);
   Task<> ReducescatterTensor(Job& job, std::size_t tensor);
-  // A large reducescatter, JAXCACHE_CHUNK_BYTES of input per MPI call.
-  Task<> ChunkedReducescatter(const void* in, void* out, const std::vector<int64_t>& counts,
-                              DType dtype, ReduceOp op, double prescale);
+  // A reducescatter as P-1 pairwise exchanges, piece by piece, received into
+  // the result and reduced there: no packing copy, no MPI temporary.
+  Task<> PairwiseReducescatter(const void* in, void* out, const std::vector<int64_t>& counts,
+                               DType dtype, ReduceOp op, double prescale);
   Task<> AlltoallTensor(Job& job, std::size_t tensor);
   // The ranks whose data counts (those that have not joined).
   int Contributors(const Request& r) const { return r.contributors ? r.contributors : comm_.size(); }
@@ -76,7 +77,7 @@ class Operations {
   Complete complete_;
   std::string first_failure_;
   std::vector<char> fusion_buffer_;
-  std::vector<char> scratch_;  // reducescatter's prescaled (or packed) input
+  std::vector<char> scratch_;  // reducescatter's prescaled input or received pieces
 };
 
 }  // namespace jaxcache

@@ -353,8 +353,8 @@ elif scenario == "data-paths":
         y = jit_once(f"dp.rs.jit.{np.dtype(dtype)}", lambda v, d=dtype, op=op: jc.reducescatter(
             v, op, name=f"dp.rs.jit.{np.dtype(d)}"))(jnp.asarray(even[rank]))
         assert_close(np.asarray(y), my_rows(reference(even, op, dtype)), f"chunked rs jit {dtype}", rtol, atol)
-    # Large enough for the chunk-at-a-time path under JAXCACHE_CHUNK_BYTES=4000 (above 16
-    # chunks): uneven rows, a prescale folded into the packing, average and postscale after.
+    # Several pieces of the pairwise exchange under JAXCACHE_CHUNK_BYTES=4000: uneven rows,
+    # a prescale applied to every arriving piece, average and postscale after.
     m = 3000 * size + 5
     for dtype in (np.float32, np.float16):
         inputs = [local_input(dtype, (m, 7), "sum", r, 12) for r in range(size)]
@@ -365,6 +365,11 @@ elif scenario == "data-paths":
         assert_close(np.asarray(y), want, f"large rs {dtype}", rtol, atol)
         same_rows = jc.allgather(y, name=f"dp.rs.big.ag.{np.dtype(dtype)}")
         same_on_all_ranks(np.asarray(same_rows), f"large rs {dtype} gathered")
+    # Above 512 KiB: pairwise exchanges at any number of ranks (MPI's own call below that
+    # from 5 ranks on), uneven rows, a non-sum op.
+    big = [local_input(np.float32, (40000 * size + size - 1, 4), "max", r, 13) for r in range(size)]
+    y = jc.reducescatter(jnp.asarray(big[rank]), "max", name="dp.rs.pairwise")
+    assert_close(np.asarray(y), my_rows(reference(big, "max", np.float32)), "pairwise rs max", 0, 0)
     parts = [local_input(np.float32, (700 * (r + 1), 2), "sum", r, 10) for r in range(size)]
     out = jc.allgather(jnp.asarray(parts[rank]), name="dp.ag")
     assert_close(np.asarray(out), np.concatenate(parts), "chunked uneven allgather")
