@@ -2,7 +2,8 @@
 
     python -m jaxcache.run -np 4 [--hosts h1:2,h2:2 | --hostfile F]
         [--fusion-threshold-mb X] [--cycle-time-ms X] [--cache-capacity N]
-        [--timeline PATH] [--stall-check-seconds S] [--dry-run] train.py [ARGS...]
+        [--timeline PATH] [--stall-check-seconds S] [--no-malloc-huge-pages]
+        [--dry-run] train.py [ARGS...]
 
 jaxcache runs on the MPI library that mpi4py loaded (MPICH from the `mpich`
 wheel by default, or a system MPICH / Open MPI). A job must be started by that
@@ -16,6 +17,15 @@ The runtime settings become JAXCACHE_* environment variables of every rank,
 passed with `-genv` (Hydra) or `-x` (Open MPI) so that they also reach ranks on
 other hosts; JAXCACHE_* variables already set in the environment are passed on
 the same way (the runtime requires identical settings on every rank).
+
+Every rank also gets GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (added to what the
+variable already holds; --no-malloc-huge-pages leaves it alone): glibc then asks
+for transparent huge pages on the memory it maps for large allocations, which
+is where XLA:CPU keeps its arrays. NumPy does the same for its own large arrays.
+Measured on 2 ranks: a jitted copy of a 64 MB array 30 -> 10 ms, a 100 MB
+alltoall 16 -> 10 ms, a grouped allreduce of 100 x 1 MB 39 -> 30 ms (fewer page
+faults on fresh result buffers, and MPI moves data between huge pages). glibc
+older than 2.35 ignores the setting.
 
 Exit status: the job's, or 2 when no suitable launcher is found.
 """
@@ -202,6 +212,22 @@ def env_from_args(args: argparse.Namespace, environ: dict | None = None) -> dict
     return env
 
 
+MALLOC_HUGE_PAGES = "glibc.malloc.hugetlb=1"
+
+
+def allocator_env(environ: dict | None = None, enabled: bool = True) -> dict[str, str]:
+    """GLIBC_TUNABLES for every rank: the user's tunables plus malloc's huge pages
+    (unless the user set glibc.malloc.hugetlb already, or `enabled` is False)."""
+    environ = os.environ if environ is None else environ
+    current = environ.get("GLIBC_TUNABLES", "")
+    if not enabled or not sys.platform.startswith("linux"):
+        return {}
+    names = {item.split("=", 1)[0] for item in current.split(":") if item}
+    if "glibc.malloc.hugetlb" in names:
+        return {"GLIBC_TUNABLES": current}
+    return {"GLIBC_TUNABLES": ":".join(t for t in (current, MALLOC_HUGE_PAGES) if t)}
+
+
 def build_command(args: argparse.Namespace, launcher: Launcher, env: dict[str, str],
                   python: str | None = None, environ: dict | None = None) -> list[str]:
     """The mpirun command line for `launcher`'s family."""
@@ -254,6 +280,8 @@ def parser() -> argparse.ArgumentParser:
                    help="JAXCACHE_STALL_SHUTDOWN_TIME: fail stalled collectives (default 0 = never)")
     p.add_argument("--disable-group-fusion", action="store_true",
                    help="JAXCACHE_DISABLE_GROUP_FUSION=1")
+    p.add_argument("--no-malloc-huge-pages", action="store_true",
+                   help="do not add glibc.malloc.hugetlb=1 to the ranks' GLIBC_TUNABLES")
     p.add_argument("--mpirun", metavar="PATH", help="use this launcher (still checked against the MPI library)")
     p.add_argument("--mpi-args", default="", metavar="'ARGS'",
                    help="extra launcher arguments, one shell-quoted string")
@@ -295,6 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         launcher = check_launcher(args.mpirun) if args.mpirun else find_launcher()
         env = env_from_args(args)
+        env.update(allocator_env(enabled=not args.no_malloc_huge_pages))
     except LauncherError as e:
         print(str(e), file=sys.stderr)
         return 2

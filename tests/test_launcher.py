@@ -148,6 +148,16 @@ def test_no_flags_no_env():
     assert run.env_from_args(args_for("-np", "2", "x.py"), environ={"PATH": "/bin"}) == {}
 
 
+def test_allocator_env_adds_malloc_huge_pages():
+    assert run.allocator_env(environ={}) == {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    # the user's tunables are kept, and their own hugetlb choice wins
+    assert run.allocator_env(environ={"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == {
+        "GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"}
+    assert run.allocator_env(environ={"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) == {
+        "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}
+    assert run.allocator_env(environ={"GLIBC_TUNABLES": "x=1"}, enabled=False) == {}
+
+
 def test_hydra_command():
     args = args_for("-np", "4", "--hosts", "h1:2,h2:2", "--fusion-threshold-mb", "16",
                     "--cycle-time-ms", "1", "train.py", "--epochs", "3", "-np", "9")
@@ -207,6 +217,15 @@ def test_dry_run_for_mocked_families(monkeypatch, capsys):
         assert out.endswith(f"{sys.executable} t.py 'a b'")
 
 
+def test_dry_run_malloc_huge_pages_flag(monkeypatch, capsys):
+    monkeypatch.setattr(run, "find_launcher", lambda: HYDRA)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    assert run.main(["-np", "2", "--dry-run", "t.py"]) == 0
+    assert "-genv GLIBC_TUNABLES glibc.malloc.hugetlb=1" in capsys.readouterr().out
+    assert run.main(["-np", "2", "--dry-run", "--no-malloc-huge-pages", "t.py"]) == 0
+    assert "GLIBC_TUNABLES" not in capsys.readouterr().out
+
+
 def test_dry_run_cli(tmp_path):
     """`python -m jaxcache.run --dry-run` end to end with the real detection."""
     proc = subprocess.run(
@@ -229,7 +248,7 @@ TINY = textwrap.dedent("""
     r, n = jaxcache.rank(), jaxcache.size()
     total = jaxcache.allreduce(jnp.asarray(float(r + 1)), op="sum", name="tiny")
     print(f"rank {r}/{n} sum={float(total):g} fusion={os.environ.get('JAXCACHE_FUSION_THRESHOLD')} "
-          f"args={os.sys.argv[1:]}", flush=True)
+          f"args={os.sys.argv[1:]} tunables={os.environ.get('GLIBC_TUNABLES')}", flush=True)
     jaxcache.shutdown()
 """)
 
@@ -251,7 +270,8 @@ def test_real_two_rank_run(tmp_path):
         pytest.fail(f"launcher job timed out:\n{out[-4000:]}")
     assert proc.returncode == 0, out
     for r in range(2):
-        assert f"rank {r}/2 sum=3 fusion={2 << 20} args=['x', '--y']" in out, out
+        assert (f"rank {r}/2 sum=3 fusion={2 << 20} args=['x', '--y'] "
+                f"tunables=glibc.malloc.hugetlb=1") in out, out
     # --timeline reached the ranks: rank 0 traced the collective.
     events = json.loads((tmp_path / "tl.json").read_text())
     assert {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "tiny"}} in events
