@@ -437,6 +437,7 @@ NB_MODULE(_jaxcache_ext, m) {
       .def("poll", &Handle::Poll)
       .def("results", &Results)
       .def("rows", [](Handle& h) { return h.store ? h.store->rows : std::vector<int64_t>(); })
+      .def("contributors", [](Handle& h) { return h.store ? h.store->contributors : 0; })
       .def("value", [](Handle& h) { return h.value; });
   // noconvert: an array that would need converting (non-contiguous, wrong device)
   // is refused instead of being silently copied -- results written into a

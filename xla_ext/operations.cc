@@ -355,6 +355,7 @@ Task<> Operations::AllgatherTensor(Job& job, std::size_t t) {
   }
   char* out = Output(r, t, total, WithRows(spec, total_rows));
   if (r.store && agreed) r.store->rows = agreed->rows;
+  if (r.store) r.store->contributors = Contributors(r);
   if (total == 0) co_return;
   ++stats_.mpi_calls;
   if (equal) co_await comm_.AllgatherData(r.inputs[t], out, bytes[0]);

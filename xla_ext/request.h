@@ -68,6 +68,9 @@ struct OutputStore {
   // allgather: the first dimension of each tensor on each rank (t * size + r);
   // alltoall: the rows received from each rank.
   std::vector<int64_t> rows;
+  // allgather: the ranks that contributed (not joined); what an average of
+  // gathered sparse values divides by.
+  int32_t contributors = 0;
   // Allocates `bytes` (uninitialized: every byte is written by MPI), at least
   // 64-byte aligned (any dtype, vector loads); never null, even for 0 bytes.
   static Buffer Allocate(std::size_t bytes, std::vector<int64_t> shape) {

@@ -62,7 +62,7 @@ def _zeros_for_none(dys, like) -> list:
 
 def _gather(tensors: list, name: str, ps: Resolved) -> tuple[list, tf.Tensor]:
     """One atomic allgather request (not differentiable): results and every rank's rows."""
-    (outs, rows), = ops.run_allocated(ops.KIND_ALLGATHER, [name], [list(tensors)], process_set=ps)
+    (outs, rows, _), = ops.run_allocated(ops.KIND_ALLGATHER, [name], [list(tensors)], process_set=ps)
     return outs, rows
 
 
@@ -125,7 +125,7 @@ def exchange(tensor, splits, name: str, ps: Resolved) -> tuple:
     """One alltoall request: (rows received in rank order, rows received from each rank as
     int32); differentiable (the gradient goes back with the received splits)."""
     def run(x, s, nm):
-        (outs, received), = ops.run_allocated(ops.KIND_ALLTOALL, [nm], [[x]], [s], process_set=ps)
+        (outs, received, _), = ops.run_allocated(ops.KIND_ALLTOALL, [nm], [[x]], [s], process_set=ps)
         return outs[0], received
 
     if not _differentiable([tensor]):

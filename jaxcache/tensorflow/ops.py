@@ -209,13 +209,15 @@ def submit_eager(kind: int, names: list[str], groups: list[list[tf.Tensor]], *, 
 
 def submit_allocated_eager(kind: int, names: list[str], groups: list[list[tf.Tensor]],
                            splits: list | None = None,
-                           process_set: Resolved | None = None) -> list[tuple[list[np.ndarray], list[int]]]:
+                           process_set: Resolved | None = None
+                           ) -> list[tuple[list[np.ndarray], list[int], int]]:
     """Submits one allgather or alltoall request per (name, tensors) group, then waits for all.
 
-    Returns, per group, the outputs (sized by the runtime; views of its buffers) and the
+    Returns, per group, the outputs (sized by the runtime; views of its buffers), the
     agreed rows (allgather: `rows[t * size + r]`; alltoall: rows received from each rank;
-    ranks and size of the process set). splits (alltoall): per group, the rows sent to each
-    rank, or None for equal blocks.
+    ranks and size of the process set) and, for an allgather, the number of ranks whose
+    rows it holds (those that had not joined; else the set's size). splits (alltoall): per
+    group, the rows sent to each rank, or None for equal blocks.
     """
     ps = process_set or _global_set()
     in_flight, error = [], None
@@ -235,7 +237,7 @@ def submit_allocated_eager(kind: int, names: list[str], groups: list[list[tf.Ten
     for handle, tensors in zip(handles, groups):
         arrays = [raw.view(np_dtype(t.dtype)).reshape(shape)
                   for (raw, shape), t in zip(handle.results(), tensors)]
-        out.append((arrays, [int(n) for n in handle.rows()]))
+        out.append((arrays, [int(n) for n in handle.rows()], int(handle.contributors()) or ps.size))
     return out
 
 
@@ -290,19 +292,22 @@ def _unknown_rows(shape: tf.TensorShape) -> tf.TensorShape:
 
 def run_allocated(kind: int, names: list[str], groups: list[list[tf.Tensor]],
                   splits: list | None = None,
-                  process_set: Resolved | None = None) -> list[tuple[list[tf.Tensor], tf.Tensor]]:
+                  process_set: Resolved | None = None
+                  ) -> list[tuple[list[tf.Tensor], tf.Tensor, tf.Tensor]]:
     """Allgather or alltoall requests, eagerly or through one tf.py_function for all of them.
 
-    Returns, per group, the result tensors and the agreed rows as an int32 tensor (see
-    submit_allocated_eager). splits (alltoall): per group, None or a 1-D integer tensor.
+    Returns, per group, the result tensors, the agreed rows as an int32 tensor and the
+    contributing ranks as an int32 scalar (see submit_allocated_eager). splits (alltoall):
+    per group, None or a 1-D integer tensor.
     """
     splits = splits or [None] * len(groups)
     ps = process_set or _global_set()
     if tf.executing_eagerly():
         counts = [None if s is None else _check_splits(s) for s in splits]
         done = submit_allocated_eager(kind, names, groups, counts, ps)
-        return [([_to_tf(o, t) for o, t in zip(outs, g)], tf.constant(rows, tf.int32))
-                for (outs, rows), g in zip(done, groups)]
+        return [([_to_tf(o, t) for o, t in zip(outs, g)], tf.constant(rows, tf.int32),
+                 tf.constant(contributors, tf.int32))
+                for (outs, rows, contributors), g in zip(done, groups)]
     sizes = [len(g) for g in groups]
     with_splits = [i for i, s in enumerate(splits) if s is not None]
     flat = [t for g in groups for t in g] + [splits[i] for i in with_splits]
@@ -314,18 +319,22 @@ def run_allocated(kind: int, names: list[str], groups: list[list[tf.Tensor]],
         for i in with_splits:
             counts[i] = _check_splits(next(it))
         done = submit_allocated_eager(kind, names, regrouped, counts, ps)
-        return ([_to_tf(o, t) for (outs, _), g in zip(done, regrouped) for o, t in zip(outs, g)]
-                + [tf.constant(rows, tf.int32) for _, rows in done])
+        return ([_to_tf(o, t) for (outs, _, _), g in zip(done, regrouped) for o, t in zip(outs, g)]
+                + [tf.constant(rows, tf.int32) for _, rows, _ in done]
+                + [tf.constant(contributors, tf.int32) for _, _, contributors in done])
 
-    n_out = sum(sizes)
-    out = tf.py_function(body, flat, Tout=[t.dtype for t in flat[:n_out]] + [tf.int32] * len(groups))
+    n_out, n_groups = sum(sizes), len(groups)
+    out = tf.py_function(body, flat, Tout=[t.dtype for t in flat[:n_out]] + [tf.int32] * (2 * n_groups))
     out = list(out) if isinstance(out, (list, tuple)) else [out]
     for o, t in zip(out, flat[:n_out]):
         o.set_shape(_unknown_rows(t.shape))
-    tensors, rows = iter(out[:n_out]), out[n_out:]
+    tensors = iter(out[:n_out])
+    rows, contributors = out[n_out:n_out + n_groups], out[n_out + n_groups:]
     for r in rows:
         r.set_shape([None])
-    return [([next(tensors) for _ in range(n)], r) for n, r in zip(sizes, rows)]
+    for c in contributors:
+        c.set_shape([])
+    return [([next(tensors) for _ in range(n)], r, c) for n, r, c in zip(sizes, rows, contributors)]
 
 
 def _check_splits(splits) -> list[int]:

@@ -13,8 +13,9 @@ from . import ops
 
 
 def reduce_slices(slices: list, names: list[str], op: str, fn: str, ps: Resolved) -> list:
-    """Every rank's slices (of set `ps`), concatenated in rank order (values / size for op
-    'average')."""
+    """Every rank's slices (of set `ps`), concatenated in rank order; for op 'average' the
+    values are divided by the number of ranks that contributed (after join(), those that
+    have not joined, as for dense tensors)."""
     if op not in ("average", "sum"):
         raise NotImplementedError(f"jaxcache.tensorflow.{fn}: only Sum and Average apply to "
                                   f"tf.IndexedSlices, got op={op!r} (as in Horovod); densify first "
@@ -23,10 +24,9 @@ def reduce_slices(slices: list, names: list[str], op: str, fn: str, ps: Resolved
     indices = [tf.convert_to_tensor(s.indices) for s in slices]
     gathered = ops.run_allocated(ops.KIND_ALLGATHER, list(names), [[v, i] for v, i in zip(values, indices)],
                                  process_set=ps)
-    size = ps.size
     out = []
-    for s, ((v, i), _) in zip(slices, gathered):
+    for s, ((v, i), _, contributors) in zip(slices, gathered):
         if op == "average":
-            v = v / tf.cast(size, v.dtype)
+            v = v / tf.cast(contributors, v.dtype)
         out.append(tf.IndexedSlices(v, i, dense_shape=s.dense_shape))
     return out

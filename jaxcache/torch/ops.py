@@ -196,10 +196,11 @@ class Handle:
 
     After an allgather or alltoall has been synchronized, `rows` holds the first dimensions
     the ranks agreed on (allgather: `rows[t * size + r]` for tensor t of rank r; alltoall:
-    the rows received from each rank).
+    the rows received from each rank); after an allgather, `contributors` is the number of
+    ranks whose rows it holds (those that had not joined).
     """
 
-    __slots__ = ("name", "kind", "process_set", "rows", "_native", "_inputs", "_outputs", "_results",
+    __slots__ = ("name", "kind", "process_set", "rows", "contributors", "_native", "_inputs", "_outputs", "_results",
                  "_targets", "_copy_back", "_auto", "_single", "_bump", "_done", "_result",
                  "__weakref__")
 
@@ -210,6 +211,7 @@ class Handle:
         self.kind = kind
         self.process_set = process_set  # the set it runs in (its backward runs there too)
         self.rows: list[int] | None = None
+        self.contributors: int | None = None
         self._native = native
         self._inputs = inputs  # referenced until completion: the runtime reads/writes them
         self._outputs = outputs
@@ -271,6 +273,7 @@ class _AllocatedHandle(Handle):
 
     def _finish(self, native):
         self.rows = [int(n) for n in native.rows()]
+        self.contributors = int(native.contributors()) or None
         results = [_to_device_of(_over_runtime_buffer(raw, shape, t.dtype), t)
                    for (raw, shape), t in zip(native.results(), self._targets)]
         if self.kind == KIND_ALLTOALL:  # Horovod: synchronize() returns (tensor, received splits)

@@ -17,7 +17,8 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     """Starts the reduction of a sparse COO tensor; returns a callable that returns the result.
 
     The result is a sparse tensor holding every rank's entries (of `process_set`; uncoalesced),
-    with values divided by the number of ranks for op=Average. Only Average and Sum apply.
+    with values divided for op=Average by the number of ranks that contributed (after
+    `join()`, those that have not joined, as for dense tensors). Only Average and Sum apply.
     """
     ps = ops.set_of(process_set, "sparse_allreduce_async")
     op = reduce_ops.to_name(reduce_ops.Average if op is None else op, "torch.sparse_allreduce_async")
@@ -33,12 +34,12 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     # One request under `name` itself: a rank that submits a dense allreduce of that name
     # instead (a gradient missing there) meets a MismatchError on every rank, not a hang.
     handle = ops.allgather_submit([indices, values], name, "sparse_allreduce_async", ps, single=False)
-    shape, size = tensor.shape, ps.size
+    shape = tensor.shape
 
     def result() -> torch.Tensor:
         all_idx, all_val = ops.synchronize(handle)
         if op == "average":
-            all_val = all_val / size
+            all_val = all_val / (handle.contributors or ps.size)
         return torch.sparse_coo_tensor(all_idx.t(), all_val, shape)
 
     return result

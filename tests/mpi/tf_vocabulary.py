@@ -236,6 +236,17 @@ elif scenario == "join":
             np.testing.assert_allclose(mean_loss.numpy(), [np.mean(losses)], rtol=1e-12)
             seen = jctf.allgather(tf.constant([t]), name="tf.seen")
             assert seen.numpy().tolist() == [t] * len(active)
+            # IndexedSlices: averaged over the ranks that have not joined, like dense gradients,
+            # eagerly and inside tf.function.
+            def slices_of(r):
+                return tf.IndexedSlices(tf.constant([[1.0 + r, t * 1.0]]), tf.constant([(r + t) % 3]),
+                                        tf.constant([3, 2]))
+            want = sum(tf.convert_to_tensor(slices_of(r)).numpy() for r in active) / len(active)
+            for mean_slices in (jctf.allreduce(slices_of(RANK), op=jctf.Average, name="tf.slices"),
+                                tf.function(lambda: jctf.allreduce(slices_of(RANK), op=jctf.Average,
+                                                                   name="tf.slices.fn"))()):
+                assert isinstance(mean_slices, tf.IndexedSlices)
+                np.testing.assert_allclose(tf.convert_to_tensor(mean_slices).numpy(), want, rtol=1e-6)
         if t + 1 == steps[RANK]:
             # Horovod's join: an int32 scalar tensor, eagerly or inside tf.function.
             last = tf.function(jctf.join)() if RANK % 2 else jctf.join()

@@ -237,6 +237,14 @@ elif scenario == "join":
             assert metric.tolist() == [float(t)] * len(active), metric
             assert jct.reducescatter(torch.full((SIZE,), 2.0 * RANK), op="average", name="rs").tolist() == \
                 [2.0 * np.mean(active)]
+            # A sparse gradient: averaged over the ranks that have not joined, like dense ones.
+            def sparse_of(r):
+                return torch.sparse_coo_tensor(torch.tensor([[r % 4, (r + t) % 4]]),
+                                               torch.tensor([1.0 + r, 2.0 * t + r]), (4,),
+                                               check_invariants=True)
+            got = jct.synchronize(jct.sparse_allreduce_async(sparse_of(RANK), "sparse", jct.Average))
+            want = sum(sparse_of(r).to_dense() for r in active) / len(active)
+            torch.testing.assert_close(got.to_dense(), want, rtol=1e-6, atol=0)
         if t + 1 == steps[RANK]:
             last = jct.join()
             assert last == int(np.argmax(steps)), (last, steps)
