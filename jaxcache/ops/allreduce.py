@@ -21,7 +21,6 @@ import numpy as np
 
 import jax
 from jax.extend.core import Primitive
-from jax._src.lib.mlir import ir
 from jax.interpreters import ad, batching
 
 from .. import process_sets, runtime
@@ -39,16 +38,6 @@ def _abstract_eval(*avals, **params):
 IN_PLACE_BYTES = 64 * 1024
 
 
-def _donated_argument(value) -> bool:
-    """True for an argument of the program that the caller donated."""
-    func = value.owner.owner
-    if ("sym_name" not in func.attributes or "arg_attrs" not in func.attributes
-            or ir.StringAttr(func.attributes["sym_name"]).value != "main"):
-        return False  # an argument of a nested function: its origin is unknown here
-    attrs = ir.DictAttr(ir.ArrayAttr(func.attributes["arg_attrs"])[value.arg_number])
-    return "tf.aliasing_output" in attrs or "jax.buffer_donor" in attrs
-
-
 def _in_place(value, aval, scaled: bool) -> bool:
     """Whether to reduce this operand in its own buffer (aliased with the result).
 
@@ -62,9 +51,7 @@ def _in_place(value, aval, scaled: bool) -> bool:
     """
     if aval.size * aval.dtype.itemsize < IN_PLACE_BYTES:
         return False
-    if not scaled or not isinstance(value, ir.BlockArgument):
-        return True
-    return _donated_argument(value)
+    return not scaled or lowering.handed_over(value)
 
 
 def _lowering(ctx, *args, name, auto_name, op, prescale, postscale, world_size, process_set):

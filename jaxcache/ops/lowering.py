@@ -11,6 +11,7 @@ Other platforms are refused at lowering time with a clear message.
 
 from __future__ import annotations
 
+from jax._src.lib.mlir import ir
 from jax.interpreters import mlir
 
 PLATFORMS = ("cpu", "cuda")
@@ -30,3 +31,19 @@ def register(primitive, rule, *, cacheable: bool = True) -> None:
         return rule(ctx, *args, **params)
 
     mlir.register_lowering(primitive, checked, cacheable=cacheable)
+
+
+def donated_argument(value) -> bool:
+    """True for an argument of the program that the caller donated."""
+    func = value.owner.owner
+    if ("sym_name" not in func.attributes or "arg_attrs" not in func.attributes
+            or ir.StringAttr(func.attributes["sym_name"]).value != "main"):
+        return False  # an argument of a nested function: its origin is unknown here
+    attrs = ir.DictAttr(ir.ArrayAttr(func.attributes["arg_attrs"])[value.arg_number])
+    return "tf.aliasing_output" in attrs or "jax.buffer_donor" in attrs
+
+
+def handed_over(value) -> bool:
+    """Whether XLA can give this operand's buffer to the result without copying it: a value
+    computed in the program (unless it is used again later), or a donated argument."""
+    return not isinstance(value, ir.BlockArgument) or donated_argument(value)
