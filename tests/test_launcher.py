@@ -148,13 +148,17 @@ def test_no_flags_no_env():
     assert run.env_from_args(args_for("-np", "2", "x.py"), environ={"PATH": "/bin"}) == {}
 
 
-def test_allocator_env_adds_malloc_huge_pages():
-    assert run.allocator_env(environ={}) == {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
-    # the user's tunables are kept, and their own hugetlb choice wins
+OURS = "glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
+
+
+def test_allocator_env_adds_malloc_tunables():
+    assert run.allocator_env(environ={}) == {"GLIBC_TUNABLES": OURS}
+    # the user's tunables are kept, and a tunable they set keeps their value
     assert run.allocator_env(environ={"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == {
-        "GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"}
+        "GLIBC_TUNABLES": "glibc.malloc.arena_max=2:" + OURS}
     assert run.allocator_env(environ={"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) == {
-        "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}
+        "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0:glibc.malloc.mmap_threshold=33554432"
+                          ":glibc.malloc.trim_threshold=1073741824"}
     assert run.allocator_env(environ={"GLIBC_TUNABLES": "x=1"}, enabled=False) == {}
 
 
@@ -217,12 +221,12 @@ def test_dry_run_for_mocked_families(monkeypatch, capsys):
         assert out.endswith(f"{sys.executable} t.py 'a b'")
 
 
-def test_dry_run_malloc_huge_pages_flag(monkeypatch, capsys):
+def test_dry_run_malloc_tuning_flag(monkeypatch, capsys):
     monkeypatch.setattr(run, "find_launcher", lambda: HYDRA)
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     assert run.main(["-np", "2", "--dry-run", "t.py"]) == 0
-    assert "-genv GLIBC_TUNABLES glibc.malloc.hugetlb=1" in capsys.readouterr().out
-    assert run.main(["-np", "2", "--dry-run", "--no-malloc-huge-pages", "t.py"]) == 0
+    assert f"-genv GLIBC_TUNABLES {OURS}" in capsys.readouterr().out
+    assert run.main(["-np", "2", "--dry-run", "--no-malloc-tuning", "t.py"]) == 0
     assert "GLIBC_TUNABLES" not in capsys.readouterr().out
 
 
@@ -271,7 +275,7 @@ def test_real_two_rank_run(tmp_path):
     assert proc.returncode == 0, out
     for r in range(2):
         assert (f"rank {r}/2 sum=3 fusion={2 << 20} args=['x', '--y'] "
-                f"tunables=glibc.malloc.hugetlb=1") in out, out
+                f"tunables={OURS}") in out, out
     # --timeline reached the ranks: rank 0 traced the collective.
     events = json.loads((tmp_path / "tl.json").read_text())
     assert {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "tiny"}} in events
