@@ -51,7 +51,7 @@ def _in_place(value, aval, scaled: bool) -> bool:
     """
     if aval.size * aval.dtype.itemsize < IN_PLACE_BYTES:
         return False
-    return lowering.handed_over(value)
+    return not scaled or lowering.handed_over(value)
 
 
 def _lowering(ctx, *args, name, auto_name, op, prescale, postscale, world_size, process_set):

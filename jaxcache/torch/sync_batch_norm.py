@@ -34,9 +34,10 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         mean = xa.mean(dims) if count else torch.zeros(x.shape[1], dtype=acc)
         m2 = ((xa - _channel_view(mean, x.dim())) ** 2).sum(dims)
         mine = torch.cat([torch.tensor([float(count)], dtype=acc), mean, m2])
-        rows = ops.synchronize(ops.allgather_submit([mine.unsqueeze(0)], f"{name}.stats",
-                                                    "SyncBatchNorm", ps)).view(ps.size, -1)
         c = x.shape[1]
+        # One row per rank that contributed (after join(), only those that have not joined).
+        rows = ops.synchronize(ops.allgather_submit([mine.unsqueeze(0)], f"{name}.stats",
+                                                    "SyncBatchNorm", ps)).view(-1, 1 + 2 * c)
         counts, means, m2s = rows[:, :1], rows[:, 1:1 + c], rows[:, 1 + c:]
         total = counts.sum()
         if total == 0:

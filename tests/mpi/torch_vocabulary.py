@@ -214,6 +214,7 @@ elif scenario == "join":
     model = make()
     opt = jct.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.2),
                                    named_parameters=model.named_parameters(), op="average")
+    bn = jct.SyncBatchNorm(3).double()  # its statistics span the ranks that have not joined
     ref = make()
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.2)
     for t in range(max(steps)):
@@ -245,6 +246,21 @@ elif scenario == "join":
             got = jct.synchronize(jct.sparse_allreduce_async(sparse_of(RANK), "sparse", jct.Average))
             want = sum(sparse_of(r).to_dense() for r in active) / len(active)
             torch.testing.assert_close(got.to_dense(), want, rtol=1e-6, atol=0)
+            # SyncBatchNorm: normalized with the active ranks' batches (sizes differ per rank),
+            # and its input gradient matches single-process batch norm over them.
+            feats = [torch.randn(2 + r, 3, generator=torch.Generator().manual_seed(7 * r + t)).double()
+                     for r in range(SIZE)]
+            mine = feats[RANK].clone().requires_grad_()
+            out = bn(mine)
+            weights = torch.arange(1.0, 4.0).double()
+            (out * weights).sum().backward()
+            ref_in = torch.cat([feats[r] for r in active]).requires_grad_()
+            ref_out = torch.nn.functional.batch_norm(ref_in, None, None, training=True, eps=bn.eps)
+            (ref_out * weights).sum().backward()
+            start = sum(feats[r].shape[0] for r in active if r < RANK)
+            rows = slice(start, start + feats[RANK].shape[0])
+            torch.testing.assert_close(out, ref_out[rows], rtol=1e-10, atol=1e-12)
+            torch.testing.assert_close(mine.grad, ref_in.grad[rows], rtol=1e-10, atol=1e-12)
         if t + 1 == steps[RANK]:
             last = jct.join()
             assert last == int(np.argmax(steps)), (last, steps)
