@@ -26,7 +26,7 @@ does for its own), and glibc.malloc.mmap_threshold=32 MiB with
 glibc.malloc.trim_threshold=1 GiB, so that the result buffers a jitted step frees
 are reused by the next step instead of being handed back to the kernel and
 faulted in (zeroed) again. Measured on 2 ranks: a jitted grouped allreduce of
-10 x 1.6 MB 4.1-9 -> 2.6-2.8 ms, of 100 x 1 MB 31-44 -> 28 ms, a 100 MB alltoall
+10 x 1.6 MB 4.1-11 -> 2.6-2.9 ms, of 100 x 1 MB 31-44 -> 28 ms, a 100 MB alltoall
 16-17 -> 10-13 ms (benchmarks/README.md).
 glibc older than 2.35 ignores hugetlb; the price is that freed memory, up to
 1 GiB, stays with the process.
