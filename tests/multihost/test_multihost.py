@@ -188,7 +188,10 @@ def test_link_fault_ends_the_job(job):
         assert res.rc != 0, f"job 'succeeded' with a dead link\n{res.describe()}"
         assert took <= FAULT_BOUND_S, f"job took {took:.1f}s to end\n{res.describe()}"
         if job == "mpi4py":
-            assert "JC-STALL" in res.stdout, res.describe()
+            # The watchdog fired: its MPI_Abort(3) is the exit status. Its JC-STALL line is
+            # only seen when a rank on the connected host fired first (a rank on the cut-off
+            # host prints into the dead link).
+            assert res.rc == 3 or "JC-STALL" in res.stdout, res.describe()
         # the cut-off host cleans up by itself too (tcp_retries2), not only by our kill
         assert not res.leftover or res.linger_s is not None, (
             f"processes on the cut-off host did not exit by themselves: {res.leftover}")
