@@ -318,8 +318,8 @@ Task<> Comm::AlltoallData(const void* in, const std::vector<int64_t>& send, void
     co_return;
   }
   // Large: pairwise exchanges in rounds, in chunks of at most max_count bytes.
-  // Every rank runs as many chunks as the largest pair needs (shorter pairs
-  // send empty chunks), so each send meets its receive.
+  // Every rank runs as many chunks as the largest pair needs; a pair's empty
+  // chunks are skipped on both sides, so each send meets its receive.
   std::vector<int64_t> soff(size_, 0), roff(size_, 0);
   for (int q = 1; q < size_; ++q) {
     soff[q] = soff[q - 1] + send[q - 1];
@@ -338,9 +338,8 @@ Task<> Comm::AlltoallData(const void* in, const std::vector<int64_t>& send, void
         if (sn > 0) std::copy_n(src + soff[to] + at, sn, dst + roff[from] + at);
         continue;
       }
-      Check(MPI_Irecv(dst + roff[from] + at, rn, MPI_BYTE, from, 0, comm_, &reqs_[0]), "MPI_Irecv");
-      Check(MPI_Isend(src + soff[to] + at, sn, MPI_BYTE, to, 0, comm_, &reqs_[1]), "MPI_Isend");
-      co_await Await(2, "an alltoall");
+      co_await Exchange(src + soff[to] + at, sn, to, dst + roff[from] + at, rn, from, DType::kUInt8,
+                        "an alltoall");
     }
   }
 }

@@ -379,8 +379,7 @@ Task<> Operations::ReducescatterTensor(Job& job, std::size_t t) {
   const double post = sig.op == ReduceOp::kAverage ? sig.postscale / Contributors(r) : sig.postscale;
   if (size > 1 && (size <= kPairwiseReducescatterRanks ||
                    static_cast<int64_t>(spec.NumBytes()) >= kPairwiseReducescatterBytes)) {
-    co_await PairwiseReducescatter(r.inputs[t], out, counts, spec.dtype, sig.op, sig.prescale);
-    if (post != 1.0) Scale(out, out, counts[comm_.rank()], spec.dtype, post);
+    co_await PairwiseReducescatter(r.inputs[t], out, counts, spec.dtype, sig.op, sig.prescale, post);
     co_return;
   }
   // The input is not copied unless a prescale asks for it; an average's
@@ -397,7 +396,7 @@ Task<> Operations::ReducescatterTensor(Job& job, std::size_t t) {
 }
 
 Task<> Operations::PairwiseReducescatter(const void* in, void* out, const std::vector<int64_t>& counts,
-                                         DType dtype, ReduceOp op, double prescale) {
+                                         DType dtype, ReduceOp op, double prescale, double postscale) {
   const int size = comm_.size(), me = comm_.rank();
   const std::size_t esize = ElementSize(dtype);
   // Pieces of JAXCACHE_CHUNK_BYTES: 1 and 16 MiB pieces were slower than 4 MiB
@@ -439,6 +438,7 @@ Task<> Operations::PairwiseReducescatter(const void* in, void* out, const std::v
     } else {
       ReduceLocal(dtype, op, own, acc, n);
     }
+    if (postscale != 1.0) Scale(acc, acc, n, dtype, postscale);  // while the piece is in cache
   }
 }
 

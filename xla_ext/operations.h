@@ -51,9 +51,10 @@ class Operations {
   Task<> AllgatherTensor(Job& job, std::size_t tensor);
   Task<> ReducescatterTensor(Job& job, std::size_t tensor);
   // A reducescatter as P-1 pairwise exchanges, piece by piece, received into
-  // the result and reduced there: no packing copy, no MPI temporary.
+  // the result and reduced (and postscaled) there: no packing copy, no MPI
+  // temporary, no extra pass over the result.
   Task<> PairwiseReducescatter(const void* in, void* out, const std::vector<int64_t>& counts,
-                               DType dtype, ReduceOp op, double prescale);
+                               DType dtype, ReduceOp op, double prescale, double postscale);
   Task<> AlltoallTensor(Job& job, std::size_t tensor);
   // The ranks whose data counts (those that have not joined).
   int Contributors(const Request& r) const { return r.contributors ? r.contributors : comm_.size(); }
