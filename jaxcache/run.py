@@ -18,18 +18,20 @@ passed with `-genv` (Hydra) or `-x` (Open MPI) so that they also reach ranks on
 other hosts; JAXCACHE_* variables already set in the environment are passed on
 the same way (the runtime requires identical settings on every rank).
 
-Every rank also gets three glibc malloc tunables in GLIBC_TUNABLES (added to what
+Every rank also gets four glibc malloc tunables in GLIBC_TUNABLES (added to what
 the variable holds; a tunable the user set keeps the user's value;
 --no-malloc-tuning leaves the variable alone): glibc.malloc.hugetlb=1 (transparent
 huge pages for the memory malloc maps, where XLA:CPU keeps its arrays, as NumPy
-does for its own), and glibc.malloc.mmap_threshold=32 MiB with
-glibc.malloc.trim_threshold=1 GiB, so that the result buffers a jitted step frees
-are reused by the next step instead of being handed back to the kernel and
-faulted in (zeroed) again. Measured on 2 ranks: a jitted grouped allreduce of
-10 x 1.6 MB 4.1-11 -> 2.6-2.9 ms, of 100 x 1 MB 31-44 -> 28 ms, a 100 MB alltoall
-16-17 -> 10-13 ms (benchmarks/README.md).
-glibc older than 2.35 ignores hugetlb; the price is that freed memory, up to
-1 GiB, stays with the process.
+does for its own), glibc.malloc.mmap_max=0 (no buffer, however large, gets a
+mapping of its own, which the kernel would zero and fault in anew on every call),
+glibc.malloc.mmap_threshold=32 MiB (the same for the buffers below 32 MiB when
+the user allows mappings) and glibc.malloc.trim_threshold=1 GiB, so that the result
+buffers a jitted step frees are reused by the next step instead of being handed
+back to the kernel and faulted in (zeroed) again. Measured on 2 ranks: a jitted
+grouped allreduce of 10 x 1.6 MB 4.1-11 -> 2.6-2.9 ms, of 100 x 1 MB 31-44 -> 28 ms,
+a jitted 100 MB alltoall 15-17 -> 5-6 ms (benchmarks/README.md).
+glibc older than 2.35 ignores hugetlb; the price is that freed memory stays with
+the process for reuse (up to 1 GiB of it at the top of the heap).
 
 Exit status: the job's, or 2 when no suitable launcher is found.
 """
@@ -219,6 +221,7 @@ def env_from_args(args: argparse.Namespace, environ: dict | None = None) -> dict
 # name -> value; see the module docstring for why.
 MALLOC_TUNABLES = {
     "glibc.malloc.hugetlb": "1",
+    "glibc.malloc.mmap_max": "0",
     "glibc.malloc.mmap_threshold": str(32 << 20),
     "glibc.malloc.trim_threshold": str(1 << 30),
 }

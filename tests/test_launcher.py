@@ -148,7 +148,7 @@ def test_no_flags_no_env():
     assert run.env_from_args(args_for("-np", "2", "x.py"), environ={"PATH": "/bin"}) == {}
 
 
-OURS = "glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
+OURS = ("glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824")
 
 
 def test_allocator_env_adds_malloc_tunables():
@@ -157,7 +157,7 @@ def test_allocator_env_adds_malloc_tunables():
     assert run.allocator_env(environ={"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == {
         "GLIBC_TUNABLES": "glibc.malloc.arena_max=2:" + OURS}
     assert run.allocator_env(environ={"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) == {
-        "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0:glibc.malloc.mmap_threshold=33554432"
+        "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0:glibc.malloc.mmap_max=0:glibc.malloc.mmap_threshold=33554432"
                           ":glibc.malloc.trim_threshold=1073741824"}
     assert run.allocator_env(environ={"GLIBC_TUNABLES": "x=1"}, enabled=False) == {}
 
@@ -245,14 +245,29 @@ def test_dry_run_cli(tmp_path):
 # --- a real job --------------------------------------------------------------
 
 TINY = textwrap.dedent("""
+    import ctypes
     import os
     import jax.numpy as jnp
     import jaxcache
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(f, ctypes.c_size_t) for f in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                                   "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    def mapped_chunks_with_64mb_allocated():  # glibc took the tunables: no mapping of its own
+        libc = ctypes.CDLL(None)
+        libc.malloc.restype, libc.mallinfo2.restype = ctypes.c_void_p, MallInfo2
+        block = libc.malloc(64 << 20)
+        chunks = libc.mallinfo2().hblks
+        libc.free(ctypes.c_void_p(block))
+        return chunks
+
     jaxcache.init()
     r, n = jaxcache.rank(), jaxcache.size()
     total = jaxcache.allreduce(jnp.asarray(float(r + 1)), op="sum", name="tiny")
     print(f"rank {r}/{n} sum={float(total):g} fusion={os.environ.get('JAXCACHE_FUSION_THRESHOLD')} "
-          f"args={os.sys.argv[1:]} tunables={os.environ.get('GLIBC_TUNABLES')}", flush=True)
+          f"args={os.sys.argv[1:]} tunables={os.environ.get('GLIBC_TUNABLES')} "
+          f"mapped={mapped_chunks_with_64mb_allocated()}", flush=True)
     jaxcache.shutdown()
 """)
 
@@ -275,7 +290,7 @@ def test_real_two_rank_run(tmp_path):
     assert proc.returncode == 0, out
     for r in range(2):
         assert (f"rank {r}/2 sum=3 fusion={2 << 20} args=['x', '--y'] "
-                f"tunables={OURS}") in out, out
+                f"tunables={OURS} mapped=0") in out, out
     # --timeline reached the ranks: rank 0 traced the collective.
     events = json.loads((tmp_path / "tl.json").read_text())
     assert {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "tiny"}} in events
