@@ -3,7 +3,7 @@
     python -m jaxcache.run -np 4 [--hosts h1:2,h2:2 | --hostfile F]
         [--fusion-threshold-mb X] [--cycle-time-ms X] [--cache-capacity N]
         [--timeline PATH] [--stall-check-seconds S] [--no-malloc-tuning]
-        [--dry-run] train.py [ARGS...]
+        [--dry-run] (train.py | -m MODULE) [ARGS...]
 
 jaxcache runs on the MPI library that mpi4py loaded (MPICH from the `mpich`
 wheel by default, or a system MPICH / Open MPI). A job must be started by that
@@ -270,7 +270,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m jaxcache.run",
         description="Start a jaxcache job with the mpirun that matches jaxcache's MPI library.",
-        epilog="Everything after the script is passed to the script.", allow_abbrev=False)
+        epilog="Everything after the script (or -m MODULE) is passed to it.", allow_abbrev=False)
     p.add_argument("-np", "-n", "--num-proc", dest="np", type=int, required=True,
                    help="number of processes (ranks)")
     hosts = p.add_mutually_exclusive_group()
@@ -297,13 +297,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mpi-args", default="", metavar="'ARGS'",
                    help="extra launcher arguments, one shell-quoted string")
     p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
-    p.add_argument("script", help="Python script to run on every rank")
+    p.add_argument("script", help="Python script to run on every rank, or -m MODULE to run a module")
     return p
 
 
 def split_script(p: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """(launcher options, [script, *script args]): the script is the first word that is
-    neither an option nor an option's value, and nothing after it is ours."""
+    neither an option nor an option's value (or -m, as for python), and nothing after it is ours."""
     takes_value = {opt for a in p._actions if a.option_strings and a.nargs != 0
                    for opt in a.option_strings}
     i = 0
@@ -311,7 +311,7 @@ def split_script(p: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[list[
         word = argv[i]
         if word == "--":
             return list(argv[:i]), list(argv[i + 1:])
-        if not word.startswith("-") or word == "-":
+        if not word.startswith("-") or word in ("-", "-m"):
             break
         i += 2 if word in takes_value else 1
     return list(argv[:i]), list(argv[i:])
@@ -323,6 +323,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ours, rest = split_script(p, argv)
     args = p.parse_args(ours + ["--"] + rest[:1] if rest else ours)
     args.script_args = rest[1:]
+    if args.script == "-m" and not args.script_args:
+        p.error("-m needs a module name, as in python -m MODULE")
     if args.np < 1:
         p.error(f"-np must be >= 1, got {args.np}")
     args.mpi_args = shlex.split(args.mpi_args)

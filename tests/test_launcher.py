@@ -195,6 +195,17 @@ def test_hosts_and_hostfile_exclusive(capsys):
         args_for("-np", "2", "--hosts", "a:1", "--hostfile", "f", "t.py")
 
 
+def test_module_instead_of_script(capsys):
+    args = args_for("-np", "2", "--cycle-time-ms", "1", "-m", "jaxcache.bench", "--tensors", "10", "-np", "3")
+    assert args.script == "-m" and args.script_args == ["jaxcache.bench", "--tensors", "10", "-np", "3"]
+    assert args.np == 2 and args.cycle_time_ms == 1.0
+    cmd = run.build_command(args, HYDRA, {}, python="/py", environ={})
+    assert cmd[cmd.index("/py"):] == ["/py", "-m", "jaxcache.bench", "--tensors", "10", "-np", "3"]
+    with pytest.raises(SystemExit):
+        args_for("-np", "2", "-m")
+    assert "-m needs a module name" in capsys.readouterr().err
+
+
 def test_script_words_after_script_are_not_ours():
     args = args_for("-np", "2", "--dry-run", "t.py", "--dry-run", "--timeline", "x")
     assert args.script == "t.py" and args.script_args == ["--dry-run", "--timeline", "x"]
@@ -272,22 +283,26 @@ TINY = textwrap.dedent("""
 """)
 
 
-def test_real_two_rank_run(tmp_path):
-    script = tmp_path / "tiny.py"
-    script.write_text(TINY)
+def run_launcher(argv: list[str], cwd) -> tuple[int, str]:
+    """(exit status, output) of `python -m jaxcache.run ARGV`; the whole job is killed on timeout."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxcache.run", "-np", "2", "--fusion-threshold-mb", "2",
-         "--timeline", str(tmp_path / "tl.json"), str(script), "x", "--y"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        start_new_session=True, cwd=tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "jaxcache.run", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True, cwd=cwd)
     try:
         out, _ = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         pytest.fail(f"launcher job timed out:\n{out[-4000:]}")
-    assert proc.returncode == 0, out
+    return proc.returncode, out
+
+
+def test_real_two_rank_run(tmp_path):
+    script = tmp_path / "tiny.py"
+    script.write_text(TINY)
+    rc, out = run_launcher(["-np", "2", "--fusion-threshold-mb", "2", "--timeline", str(tmp_path / "tl.json"),
+                            str(script), "x", "--y"], tmp_path)
+    assert rc == 0, out
     for r in range(2):
         assert (f"rank {r}/2 sum=3 fusion={2 << 20} args=['x', '--y'] "
                 f"tunables={OURS} mapped=0") in out, out
@@ -296,9 +311,16 @@ def test_real_two_rank_run(tmp_path):
     assert {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "tiny"}} in events
 
 
+def test_real_two_rank_run_of_a_module(tmp_path):
+    (tmp_path / "tiny_module.py").write_text(TINY)
+    rc, out = run_launcher(["-np", "2", "-m", "tiny_module", "--z"], tmp_path)
+    assert rc == 0, out
+    for r in range(2):
+        assert f"rank {r}/2 sum=3 fusion=None args=['--z'] tunables={OURS} mapped=0" in out, out
+
+
 def test_exit_status_is_the_jobs(tmp_path):
     script = tmp_path / "fail.py"
     script.write_text("import sys\nsys.exit(3)\n")
-    proc = subprocess.run([sys.executable, "-m", "jaxcache.run", "-np", "2", str(script)],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert proc.returncode == 3, proc.stdout + proc.stderr
+    rc, out = run_launcher(["-np", "2", str(script)], tmp_path)
+    assert rc == 3, out
