@@ -18,20 +18,26 @@ passed with `-genv` (Hydra) or `-x` (Open MPI) so that they also reach ranks on
 other hosts; JAXCACHE_* variables already set in the environment are passed on
 the same way (the runtime requires identical settings on every rank).
 
-Every rank also gets four glibc malloc tunables in GLIBC_TUNABLES (added to what
-the variable holds; a tunable the user set keeps the user's value;
---no-malloc-tuning leaves the variable alone): glibc.malloc.hugetlb=1 (transparent
-huge pages for the memory malloc maps, where XLA:CPU keeps its arrays, as NumPy
-does for its own), glibc.malloc.mmap_max=0 (no buffer, however large, gets a
-mapping of its own, which the kernel would zero and fault in anew on every call),
-glibc.malloc.mmap_threshold=32 MiB (the same for the buffers below 32 MiB when
-the user allows mappings) and glibc.malloc.trim_threshold=1 GiB, so that the result
-buffers a jitted step frees are reused by the next step instead of being handed
-back to the kernel and faulted in (zeroed) again. Measured on 2 ranks: a jitted
-grouped allreduce of 10 x 1.6 MB 4.1-11 -> 2.6-2.9 ms, of 100 x 1 MB 31-44 -> 28 ms,
-a jitted 100 MB alltoall 15-17 -> 5-6 ms (benchmarks/README.md).
-glibc older than 2.35 ignores hugetlb; the price is that freed memory stays with
-the process for reuse (up to 1 GiB of it at the top of the heap).
+Every rank also gets five glibc malloc tunables in GLIBC_TUNABLES (added to what
+the variable holds; a tunable the user set, there or through glibc's MALLOC_*
+variable, keeps the user's value; --no-malloc-tuning leaves the variable alone):
+glibc.malloc.hugetlb=1 (transparent huge pages for the heap, where XLA:CPU keeps
+its arrays, as NumPy does for its own), glibc.malloc.arena_max=1 (one heap for
+all threads: glibc does not ask for huge pages in the heaps of other threads,
+where XLA's worker threads would otherwise allocate the results), and
+glibc.malloc.mmap_max=0 (no buffer, however large, gets a mapping of its own,
+which the kernel would zero and fault in anew on every call), with
+glibc.malloc.mmap_threshold=32 MiB (the same below 32 MiB when the user allows
+mappings) and glibc.malloc.trim_threshold=1 GiB, so that the result buffers a
+jitted step frees are reused by the next step instead of being handed back to
+the kernel and faulted in (zeroed) again. Measured on 2 ranks: a jitted grouped
+allreduce of 10 x 1.6 MB 4.1-11 -> 2.6-2.9 ms, of 100 x 1 MB 31-44 -> 28 ms, a
+jitted 100 MB alltoall 15-17 -> 5-6 ms; the quick sweep (python -m
+jaxcache.bench) within 1.08x of JAX's floor + raw MPI in every cell in 4 runs of
+5 (benchmarks/README.md). glibc older than 2.35 ignores hugetlb. The price: freed
+memory stays with the process for reuse (up to 1 GiB of it at the top of the
+heap), and threads that allocate at the same time share one lock (small blocks
+come from per-thread caches without it).
 
 Exit status: the job's, or 2 when no suitable launcher is found.
 """
@@ -221,9 +227,19 @@ def env_from_args(args: argparse.Namespace, environ: dict | None = None) -> dict
 # name -> value; see the module docstring for why.
 MALLOC_TUNABLES = {
     "glibc.malloc.hugetlb": "1",
+    "glibc.malloc.arena_max": "1",
     "glibc.malloc.mmap_max": "0",
     "glibc.malloc.mmap_threshold": str(32 << 20),
     "glibc.malloc.trim_threshold": str(1 << 30),
+}
+
+
+# glibc's older environment variables for the same tunables.
+MALLOC_ENV_ALIASES = {
+    "glibc.malloc.arena_max": "MALLOC_ARENA_MAX",
+    "glibc.malloc.mmap_max": "MALLOC_MMAP_MAX_",
+    "glibc.malloc.mmap_threshold": "MALLOC_MMAP_THRESHOLD_",
+    "glibc.malloc.trim_threshold": "MALLOC_TRIM_THRESHOLD_",
 }
 
 
@@ -235,6 +251,7 @@ def allocator_env(environ: dict | None = None, enabled: bool = True) -> dict[str
         return {}
     current = [item for item in environ.get("GLIBC_TUNABLES", "").split(":") if item]
     names = {item.split("=", 1)[0] for item in current}
+    names |= {name for name, alias in MALLOC_ENV_ALIASES.items() if alias in environ}
     added = [f"{k}={v}" for k, v in MALLOC_TUNABLES.items() if k not in names]
     return {"GLIBC_TUNABLES": ":".join(current + added)}
 

@@ -148,17 +148,21 @@ def test_no_flags_no_env():
     assert run.env_from_args(args_for("-np", "2", "x.py"), environ={"PATH": "/bin"}) == {}
 
 
-OURS = ("glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824")
+OURS = ("glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824")
 
 
 def test_allocator_env_adds_malloc_tunables():
     assert run.allocator_env(environ={}) == {"GLIBC_TUNABLES": OURS}
     # the user's tunables are kept, and a tunable they set keeps their value
-    assert run.allocator_env(environ={"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == {
-        "GLIBC_TUNABLES": "glibc.malloc.arena_max=2:" + OURS}
+    assert run.allocator_env(environ={"GLIBC_TUNABLES": "glibc.malloc.tcache_count=16"}) == {
+        "GLIBC_TUNABLES": "glibc.malloc.tcache_count=16:" + OURS}
     assert run.allocator_env(environ={"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) == {
-        "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0:glibc.malloc.mmap_max=0:glibc.malloc.mmap_threshold=33554432"
+        "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0:glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0"
+                          ":glibc.malloc.mmap_threshold=33554432"
                           ":glibc.malloc.trim_threshold=1073741824"}
+    # so does one set through glibc's older MALLOC_* variable
+    assert run.allocator_env(environ={"MALLOC_ARENA_MAX": "4", "MALLOC_TRIM_THRESHOLD_": "0"}) == {
+        "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:glibc.malloc.mmap_threshold=33554432"}
     assert run.allocator_env(environ={"GLIBC_TUNABLES": "x=1"}, enabled=False) == {}
 
 
@@ -258,6 +262,7 @@ def test_dry_run_cli(tmp_path):
 TINY = textwrap.dedent("""
     import ctypes
     import os
+    import threading
     import jax.numpy as jnp
     import jaxcache
 
@@ -273,12 +278,25 @@ TINY = textwrap.dedent("""
         libc.free(ctypes.c_void_p(block))
         return chunks
 
+    def thread_allocates_from_the_main_heap():  # glibc took arena_max=1
+        libc = ctypes.CDLL(None)
+        libc.malloc.restype = ctypes.c_void_p
+        got = []
+        worker = threading.Thread(target=lambda: got.append(libc.malloc(1 << 20)))
+        worker.start()
+        worker.join()
+        heap = [line.split()[0].split("-") for line in open("/proc/self/maps") if line.rstrip().endswith("[heap]")]
+        inside = any(int(lo, 16) <= got[0] < int(hi, 16) for lo, hi in heap)
+        libc.free(ctypes.c_void_p(got[0]))
+        return inside
+
     jaxcache.init()
     r, n = jaxcache.rank(), jaxcache.size()
     total = jaxcache.allreduce(jnp.asarray(float(r + 1)), op="sum", name="tiny")
     print(f"rank {r}/{n} sum={float(total):g} fusion={os.environ.get('JAXCACHE_FUSION_THRESHOLD')} "
           f"args={os.sys.argv[1:]} tunables={os.environ.get('GLIBC_TUNABLES')} "
-          f"mapped={mapped_chunks_with_64mb_allocated()}", flush=True)
+          f"mapped={mapped_chunks_with_64mb_allocated()} main_heap={thread_allocates_from_the_main_heap()}",
+          flush=True)
     jaxcache.shutdown()
 """)
 
@@ -305,7 +323,7 @@ def test_real_two_rank_run(tmp_path):
     assert rc == 0, out
     for r in range(2):
         assert (f"rank {r}/2 sum=3 fusion={2 << 20} args=['x', '--y'] "
-                f"tunables={OURS} mapped=0") in out, out
+                f"tunables={OURS} mapped=0 main_heap=True") in out, out
     # --timeline reached the ranks: rank 0 traced the collective.
     events = json.loads((tmp_path / "tl.json").read_text())
     assert {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "tiny"}} in events
@@ -316,7 +334,7 @@ def test_real_two_rank_run_of_a_module(tmp_path):
     rc, out = run_launcher(["-np", "2", "-m", "tiny_module", "--z"], tmp_path)
     assert rc == 0, out
     for r in range(2):
-        assert f"rank {r}/2 sum=3 fusion=None args=['--z'] tunables={OURS} mapped=0" in out, out
+        assert f"rank {r}/2 sum=3 fusion=None args=['--z'] tunables={OURS} mapped=0 main_heap=True" in out, out
 
 
 def test_exit_status_is_the_jobs(tmp_path):
