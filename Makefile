@@ -19,7 +19,7 @@ install-test: venv
 	$(PIP) ".[mpich,test,examples,torch,tensorflow]"
 
 demo: install
-	$(VENV)/bin/mpirun -np $(NP) $(PY) examples/train_digits.py
+	$(PY) -m jaxcache.run -np $(NP) examples/train_digits.py
 
 test: install-test
 	$(VENV)/bin/pytest -v -rs tests --ignore=tests/multihost
@@ -55,7 +55,7 @@ gpu-wheels:
 		--platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl mpich==5.0.2 mpi4py==4.1.2
 
 bench: install
-	$(VENV)/bin/mpirun -np $(NP) $(PY) -m jaxcache.bench
+	$(PY) -m jaxcache.run -np $(NP) -m jaxcache.bench
 
 clean:
 	rm -rf build dist *.egg-info
