@@ -12,7 +12,8 @@ For each op and tensor size (bytes of the input on each rank), in the same job:
   jc_eager    jaxcache.reducescatter / alltoall on a concrete array
   jc_jit      the same inside jax.jit
 Each method is checked once against NumPy, then timed in batches of back-to-back calls
-(barrier before each batch, slowest rank counts); the median batch is reported per call.
+(barrier before each batch, slowest rank counts), the methods' batches taken in turn, so
+that a host that slows down mid-job slows all of them; the median batch is reported per call.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def methods_for(op: str, x: np.ndarray, jax: Any, jc: Any, m4j: Any) -> dict[str
     return out
 
 
-def measure(fn, want, batches: int, target_s: float) -> tuple[float | None, str]:
+def check(fn, want) -> str:
+    """'' when ``fn`` gives ``want`` on every rank, else why not."""
     note = ""
     try:
         got = np.asarray(fn())
@@ -102,9 +104,19 @@ def measure(fn, want, batches: int, target_s: float) -> tuple[float | None, str]
     except Exception as exc:  # noqa: BLE001
         ok, note = False, f"error: {type(exc).__name__}: {exc}"
     if not common.agree(ok):
-        return None, note or "failed on another rank"
-    iters = calls_per_batch(fn, target_s)
-    return common.median(common.synced_batches(fn, 1, batches, iters)), note
+        return note or "failed on another rank"
+    return ""
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], batches: int, target_s: float) -> dict[str, float]:
+    """Median seconds per call of each method, its batches taken in turn with the others'
+    (a host that slows down mid-job slows every method alike)."""
+    iters = {name: calls_per_batch(fn, target_s) for name, fn in fns.items()}
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(batches):
+        for name, fn in fns.items():
+            times[name] += common.synced_batches(fn, 0, 1, iters[name])
+    return {name: common.median(t) for name, t in times.items()}
 
 
 def run_size(op: str, nbytes: int, mods: dict, batches: int, target_s: float) -> dict[str, Any]:
@@ -115,12 +127,15 @@ def run_size(op: str, nbytes: int, mods: dict, batches: int, target_s: float) ->
     notes = []
     meter = common.OtherLoad()
     meter.start()
+    good = {}
     for name, fn in methods_for(op, x, mods.get("jax"), mods.get("jc"), mods.get("m4j")).items():
-        seconds, note = measure(fn, expected(op, n), batches, target_s)
+        note = check(fn, expected(op, n))
         if note:
             notes.append(f"{name}: {note}")
-        if seconds is not None:
-            row[f"{name}_us"] = seconds * 1e6
+        else:
+            good[name] = fn
+    for name, seconds in interleaved(good, batches, target_s).items():
+        row[f"{name}_us"] = seconds * 1e6
     for name in ("mpi4py_xla", "mpi4jax", "jc_eager", "jc_jit"):
         row[f"{name}/mpi"] = common.ratio(row.get(f"{name}_us"), row.get("mpi4py_us"))
     row["jc_jit/mpi4py_xla"] = common.ratio(row.get("jc_jit_us"), row.get("mpi4py_xla_us"))
