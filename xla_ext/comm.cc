@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstring>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -117,9 +118,63 @@ void Comm::AbortUnanswered(const char* what, double waited) {
   std::abort();
 }
 
+// Recursive doubling over point-to-point messages rather than MPI_Iallreduce:
+// the cycle's allreduce is on the path of every collective, and MPICH's
+// nonblocking allreduce took 3-12 us where an exchange of the same bytes took
+// 1.3-1.9 us (2 ranks, polled; its per-call schedule is the difference).
+// Each combination is (lower ranks' part) op (higher ranks' part), so every
+// rank evaluates the same expression tree: bitwise the same result everywhere,
+// even for an operator that is not exactly commutative (a NaN in min/max).
+// Ranks beyond the largest power of two first fold into a neighbour, which
+// hands them the result at the end.
 Task<> Comm::CycleAllreduce(void* buf, MPI_Datatype type, MPI_Op op) {
-  Check(MPI_Iallreduce(MPI_IN_PLACE, buf, 1, type, op, comm_, &reqs_[0]), "MPI_Iallreduce");
-  co_await Await(1, "the negotiation cycle", Wait::kArrival);
+  if (size_ == 1) co_return;
+  int bytes = 0;
+  Check(MPI_Type_size(type, &bytes), "MPI_Type_size");
+  cycle_scratch_.resize(static_cast<std::size_t>(bytes));
+  char* mine = static_cast<char*>(buf);
+  char* theirs = cycle_scratch_.data();
+  auto combine_with = [&](int peer) {  // mine = lower op higher
+    if (peer < rank_) {
+      Check(MPI_Reduce_local(theirs, mine, 1, type, op), "MPI_Reduce_local");
+    } else {
+      Check(MPI_Reduce_local(mine, theirs, 1, type, op), "MPI_Reduce_local");
+      std::memcpy(mine, theirs, static_cast<std::size_t>(bytes));
+    }
+  };
+  int pof2 = 1;
+  while (pof2 * 2 <= size_) pof2 *= 2;
+  const int folded = 2 * (size_ - pof2);  // ranks below this pair up first
+  const bool folds_away = rank_ < folded && rank_ % 2 == 0;
+  if (folds_away) {
+    co_await CycleStep(mine, bytes, rank_ + 1, nullptr, -1);
+  } else {
+    if (rank_ < folded) {
+      co_await CycleStep(nullptr, bytes, -1, theirs, rank_ - 1);
+      combine_with(rank_ - 1);
+    }
+    // Position among the ranks left: a folded pair counts once.
+    const int position = rank_ < folded ? rank_ / 2 : rank_ - folded / 2;
+    for (int mask = 1; mask < pof2; mask <<= 1) {
+      const int other = position ^ mask;
+      const int peer = other < folded / 2 ? 2 * other + 1 : other + folded / 2;
+      co_await CycleStep(mine, bytes, peer, theirs, peer);
+      combine_with(peer);
+    }
+  }
+  if (rank_ < folded) {
+    if (folds_away) co_await CycleStep(nullptr, bytes, -1, mine, rank_ + 1);
+    else co_await CycleStep(mine, bytes, rank_ - 1, nullptr, -1);
+  }
+}
+
+Task<> Comm::CycleStep(const void* send, int bytes, int to, void* recv, int from) {
+  int n = 0;
+  if (recv)
+    Check(MPI_Irecv(recv, bytes, MPI_BYTE, from, kCycleTag, comm_, &reqs_[n++]), "MPI_Irecv");
+  if (send)
+    Check(MPI_Isend(send, bytes, MPI_BYTE, to, kCycleTag, comm_, &reqs_[n++]), "MPI_Isend");
+  co_await Await(n, "the negotiation cycle", Wait::kArrival);
 }
 
 Task<> Comm::Allreduce(uint64_t* words, int count, MPI_Op op) {

@@ -59,7 +59,8 @@ class Comm {
   bool Poll();
 
   // --- awaitable steps ------------------------------------------------------
-  // The cycle's allreduce: one element of `type`, in place.
+  // The cycle's allreduce: one element of `type`, in place, by `op` (which
+  // must accept MPI_Reduce_local); the same bits on every rank.
   Task<> CycleAllreduce(void* buf, MPI_Datatype type, MPI_Op op);
   Task<> Allreduce(uint64_t* words, int count, MPI_Op op);
   Task<> AllreduceInt(int* value, MPI_Op op);
@@ -115,6 +116,11 @@ class Comm {
   // Starts one nonblocking call into reqs_[0] (`start` returns its MPI code) and awaits it.
   template <typename Start>
   Task<> Run(const char* what, Start start);
+  // One step of CycleAllreduce: sends `bytes` of `send` to `to` and/or
+  // receives them into `recv` from `from` (null: that side is skipped).
+  Task<> CycleStep(const void* send, int bytes, int to, void* recv, int from);
+  // Exchange() uses tag 0: cycle messages never match data.
+  static constexpr int kCycleTag = 1;
   [[noreturn]] void AbortUnanswered(const char* what, double waited);
   void CheckAbandoned(const char* what) const;
 
@@ -125,6 +131,7 @@ class Comm {
   std::chrono::steady_clock::time_point parked_at_{};
   std::coroutine_handle<> waiter_;
   std::string completion_error_;  // from MPI_Testall, rethrown in the coroutine
+  std::vector<char> cycle_scratch_;  // the other ranks' part of the cycle's message
 
   double abort_timeout_s_ = 0;
   int64_t max_count_;

@@ -1,6 +1,7 @@
 #include "reduce_ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <complex>
 #include <cstring>
 #include <limits>
@@ -78,13 +79,34 @@ uint16_t FloatToBFloat16(float f) {
 namespace {
 
 // ---- element-wise reduction kernels ------------------------------------------------------
-// The formulas match MPICH's builtin operators (min: a > b ? b : a), so a reduction gives
-// the same bits whether MPI or these kernels apply it.
+// Integers: the formulas of MPICH's builtin operators, which MPI applies to them too.
+// Floating point: IEEE 754-2019 minimum/maximum. A NaN on any rank gives NaN (one quiet
+// NaN, whatever the payloads) and -0 < +0. MPI's builtin MIN/MAX (a > b ? b : a) give a
+// result that depends on the order of the operands for NaN and signed zeros, and MPI's
+// algorithms order them differently on different ranks: ranks got different bits.
+// These are commutative bit for bit, so every reduction order gives the same result;
+// float min/max therefore always run through them (MpiOp), never through MPI_MIN/MAX.
+
+template <typename T>
+inline T FloatMin(T a, T b) {
+  if (a != a || b != b) return std::numeric_limits<T>::quiet_NaN();
+  if (a == b) return std::signbit(a) ? a : b;
+  return a < b ? a : b;
+}
+
+template <typename T>
+inline T FloatMax(T a, T b) {
+  if (a != a || b != b) return std::numeric_limits<T>::quiet_NaN();
+  if (a == b) return std::signbit(a) ? b : a;
+  return a > b ? a : b;
+}
 
 template <typename T, ReduceOp kOp>
 inline T Combine(T a, T b) {
   if constexpr (kOp == ReduceOp::kSum) return a + b;
   else if constexpr (kOp == ReduceOp::kProd) return a * b;
+  else if constexpr (std::is_floating_point_v<T> && kOp == ReduceOp::kMin) return FloatMin(a, b);
+  else if constexpr (std::is_floating_point_v<T>) return FloatMax(a, b);
   else if constexpr (kOp == ReduceOp::kMin) return a > b ? b : a;
   else return a < b ? b : a;
 }
@@ -196,11 +218,10 @@ void ReduceHalfBlocks(bool bf16, const uint16_t* a, uint16_t* b, int64_t n) {
     HalfToFloats(bf16, b + off, fb, m);
     for (int64_t i = 0; i < m; ++i) {
       float x = fa[i], y = fb[i];
-      // NaNs propagate from either side, as the scalar half kernels always did.
       if constexpr (kOp == ReduceOp::kSum) fb[i] = x + y;
       else if constexpr (kOp == ReduceOp::kProd) fb[i] = x * y;
-      else if constexpr (kOp == ReduceOp::kMin) fb[i] = (y < x || y != y) ? y : x;
-      else fb[i] = (y > x || y != y) ? y : x;
+      else if constexpr (kOp == ReduceOp::kMin) fb[i] = FloatMin(x, y);
+      else fb[i] = FloatMax(x, y);
     }
     FloatsToHalves(bf16, fb, b + off, m);
   }
@@ -223,6 +244,13 @@ void HalfReduce(void* invec, void* inoutvec, int* len, MPI_Datatype*) {
 }
 
 MPI_Op half_ops[2][4];  // [float16, bfloat16][op]
+
+template <typename T, ReduceOp kOp>
+void FloatMinMax(void* invec, void* inoutvec, int* len, MPI_Datatype*) {
+  ReduceArray<T, kOp>(invec, inoutvec, *len);
+}
+
+MPI_Op float_ops[2][2];  // [float32, float64][min, max]
 bool ops_ready = false;
 
 // Above this size, scaled copies into a separate output use streaming stores:
@@ -277,6 +305,10 @@ void InitReduceOps() {
   MPI_Op_create(&HalfReduce<true, ReduceOp::kMin>, 1, &half_ops[1][1]);
   MPI_Op_create(&HalfReduce<true, ReduceOp::kMax>, 1, &half_ops[1][2]);
   MPI_Op_create(&HalfReduce<true, ReduceOp::kProd>, 1, &half_ops[1][3]);
+  MPI_Op_create(&FloatMinMax<float, ReduceOp::kMin>, 1, &float_ops[0][0]);
+  MPI_Op_create(&FloatMinMax<float, ReduceOp::kMax>, 1, &float_ops[0][1]);
+  MPI_Op_create(&FloatMinMax<double, ReduceOp::kMin>, 1, &float_ops[1][0]);
+  MPI_Op_create(&FloatMinMax<double, ReduceOp::kMax>, 1, &float_ops[1][1]);
   ops_ready = true;
 }
 
@@ -286,6 +318,8 @@ void FreeReduceOps() {
   MPI_Finalized(&finalized);
   if (!finalized) {
     for (auto& row : half_ops)
+      for (auto& op : row) MPI_Op_free(&op);
+    for (auto& row : float_ops)
       for (auto& op : row) MPI_Op_free(&op);
   }
   ops_ready = false;
@@ -315,6 +349,8 @@ MPI_Op MpiOp(DType d, ReduceOp op) {
   op = Reduction(op);
   if (d == DType::kFloat16) return half_ops[0][static_cast<int>(op)];
   if (d == DType::kBFloat16) return half_ops[1][static_cast<int>(op)];
+  if ((d == DType::kFloat32 || d == DType::kFloat64) && (op == ReduceOp::kMin || op == ReduceOp::kMax))
+    return float_ops[d == DType::kFloat64][op == ReduceOp::kMax];
   switch (op) {
     case ReduceOp::kSum: case ReduceOp::kAverage: return MPI_SUM;
     case ReduceOp::kMin: return MPI_MIN;

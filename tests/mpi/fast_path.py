@@ -6,6 +6,8 @@
   evict     - with a tiny cache (JAXCACHE_CACHE_CAPACITY=4) slots follow evictions: results
               stay right and layouts identical on every rank
   threads   - several threads submitting (and driving cycles inline) at once
+  order     - in-cycle results that depend on the combination order (float sums across
+              magnitudes, min/max with NaNs), eager and jitted: the same bits on every rank
 """
 
 import sys
@@ -123,6 +125,45 @@ elif mode == "threads":
         assert not t.is_alive()
     assert not errors, errors
     done("fast_path threads")
+
+elif mode == "order":
+    rng = np.random.default_rng(1234 + rank)
+    f = jax.jit(lambda v: jc.allreduce(v, "sum", name="order.jit"))
+    for k in range(20):
+        # Magnitudes from 1e-8 to 1e8: a float32 sum's bits depend on the order of additions.
+        v = (rng.standard_normal(64) * 10.0 ** rng.integers(-8, 9, 64)).astype(np.float32)
+        stack = np.stack(COMM.allgather(v)).astype(np.float64)
+        bound = 4 * size * np.finfo(np.float32).eps * np.abs(stack).sum(0)
+        for how, y in (("eager", jc.allreduce(v, "sum", name="order.eager")), ("jit", f(v))):
+            y = np.asarray(y)
+            err = np.abs(y.astype(np.float64) - stack.sum(0))
+            assert (err <= bound).all(), f"{how} sum {k}: off by {err.max()} (bound {bound.max()})"
+            same_on_all_ranks(y, f"{how} sum {k}")
+    # min/max are IEEE minimum/maximum: a NaN on any rank gives NaN (as np.min), and -0 < +0.
+    # MPI's MIN/MAX left both to the combination order (ranks disagreed). In the cycle
+    # (cached, 16 values) and in the data phase (first call; 100,000 values), eager and jit.
+    for op, npop in (("min", np.min), ("max", np.max)):
+        for n in (16, 100_000):
+            g = jax.jit(lambda v, op=op, n=n: jc.allreduce(v, op, name=f"order.{op}.{n}.jit"))
+            for k in range(5):
+                v = ((np.arange(n) % 16 - 8) * (rank + 1 + k)).astype(np.float32)
+                v[(rank + k) % 16] = np.nan
+                v[(rank + k + 5) % 16] = np.nan if rank % 2 else -np.nan  # two NaN payloads
+                v[13] = 0.0 if (rank + k) % 2 else -0.0  # signed zeros meet
+                v[14] = -0.0 if (rank + k) % 2 else 0.0
+                v[15] = 0.0
+                stack = np.stack(COMM.allgather(v))
+                for how, y in (("eager", jc.allreduce(v, op, name=f"order.{op}.{n}")), ("jit", g(v))):
+                    y = np.asarray(y)
+                    what = f"{op} of {n} {how}, call {k}"
+                    same_on_all_ranks(y, what)
+                    assert_close(y, npop(stack, 0), what)  # NaN where any rank has one
+                    zero_sign = np.signbit(y[13:15])
+                    want_sign = [op == "min" and size > 1] * 2
+                    assert list(zero_sign) == want_sign, (what, y[13:15])
+                    assert not np.signbit(y[15]), what
+    assert jc.stats()["in_cycle_reductions"] > 0
+    done("fast_path order")
 
 else:
     raise SystemExit(f"unknown mode {mode}")
