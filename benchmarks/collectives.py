@@ -11,6 +11,9 @@ For each op and tensor size (bytes of the input on each rank), in the same job:
   mpi4jax     mpi4jax.alltoall under jax.jit (mpi4jax has no reduce-scatter)  (if installed)
   jc_eager    jaxcache.reducescatter / alltoall on a concrete array
   jc_jit      the same inside jax.jit
+  jax_call    a trivial jitted call (one element plus one): what JAX's dispatch of any
+              jitted call costs, which mpi4py does not pay; the jc_jit/(mpi4py+jax_call)
+              column is what jaxcache adds beyond MPI and that
 Each method is checked once against NumPy, then timed in batches of back-to-back calls
 (barrier before each batch, slowest rank counts), the methods' batches taken in turn, so
 that a host that slows down mid-job slows all of them; the median batch is reported per call.
@@ -91,6 +94,10 @@ def methods_for(op: str, x: np.ndarray, jax: Any, jc: Any, m4j: Any) -> dict[str
         jitted = jax.jit(fn)
         out["jc_eager"] = lambda: jax.block_until_ready(fn(xj))
         out["jc_jit"] = lambda: jax.block_until_ready(jitted(xj))
+    if jax is not None:
+        one = jax.numpy.ones(1, x.dtype)
+        trivial = jax.jit(lambda v: v + 1)
+        out["jax_call"] = lambda: jax.block_until_ready(trivial(one))
     return out
 
 
@@ -129,6 +136,9 @@ def run_size(op: str, nbytes: int, mods: dict, batches: int, target_s: float) ->
     meter.start()
     good = {}
     for name, fn in methods_for(op, x, mods.get("jax"), mods.get("jc"), mods.get("m4j")).items():
+        if name == "jax_call":  # computes nothing to compare
+            good[name] = fn
+            continue
         note = check(fn, expected(op, n))
         if note:
             notes.append(f"{name}: {note}")
@@ -139,6 +149,8 @@ def run_size(op: str, nbytes: int, mods: dict, batches: int, target_s: float) ->
     for name in ("mpi4py_xla", "mpi4jax", "jc_eager", "jc_jit"):
         row[f"{name}/mpi"] = common.ratio(row.get(f"{name}_us"), row.get("mpi4py_us"))
     row["jc_jit/mpi4py_xla"] = common.ratio(row.get("jc_jit_us"), row.get("mpi4py_xla_us"))
+    if row.get("mpi4py_us") and row.get("jax_call_us"):
+        row["jc_jit/(mpi+call)"] = common.ratio(row.get("jc_jit_us"), row["mpi4py_us"] + row["jax_call_us"])
     row["other_load"] = meter.stop()
     meter.free()
     row["note"] = "; ".join(notes)
@@ -189,10 +201,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         if "jc" in mods:
             jc.shutdown()
     columns = ["op", "size", "mpi4py_us", "mpi4py_xla_us", "mpi4jax_us", "jc_eager_us", "jc_jit_us",
-               "mpi4py_xla/mpi", "mpi4jax/mpi", "jc_eager/mpi", "jc_jit/mpi", "jc_jit/mpi4py_xla",
-               "other_load", "note"]
+               "jax_call_us", "mpi4py_xla/mpi", "mpi4jax/mpi", "jc_eager/mpi", "jc_jit/mpi",
+               "jc_jit/mpi4py_xla", "jc_jit/(mpi+call)", "other_load", "note"]
     common.say(f"P={COMM.Get_size()}; size = bytes of each rank's input; mpi4py = Reduce_scatter_block "
-               "(sum) / Alltoall; other_load = cores used by processes outside this job (~0 = idle host)")
+               "(sum) / Alltoall; jax_call = a trivial jitted call (JAX's dispatch); "
+               "other_load = cores used by processes outside this job (~0 = idle host)")
     common.print_table(rows, columns)
     load_after = common.say_load("after")
     common.dump_json(args.json, {"load_before": load_before, "load_after": load_after,
