@@ -6,7 +6,7 @@ import pytest
 from conftest import run_mpi
 
 
-@pytest.mark.parametrize("scenario", ["in-cycle", "threads", "order"])
+@pytest.mark.parametrize("scenario", ["in-cycle", "threads", "order", "per-leaf"])
 def test_fast_path(nranks, scenario):
     run_mpi("fast_path.py", nranks, scenario, timeout=240)
 

@@ -49,9 +49,9 @@ Comm::~Comm() {
 namespace {
 // Tests the requests; an error completes them (the caller rethrows it where the
 // step that started them can handle it) and is returned in `*error`.
-bool TestAll(int n, MPI_Request* reqs, std::string* error) {
+bool TestAll(int n, MPI_Request* reqs, MPI_Status* statuses, std::string* error) {
   int done = 0;
-  int rc = MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+  int rc = MPI_Testall(n, reqs, &done, statuses);
   if (rc == MPI_SUCCESS) return done != 0;
   try {
     Check(rc, "completing an MPI call");
@@ -64,7 +64,7 @@ bool TestAll(int n, MPI_Request* reqs, std::string* error) {
 }
 }  // namespace
 
-bool Comm::Parked::await_ready() { return TestAll(n, comm.reqs_, &comm.completion_error_); }
+bool Comm::Parked::await_ready() { return TestAll(n, comm.reqs_, comm.statuses_, &comm.completion_error_); }
 
 void Comm::Parked::await_resume() {
   if (comm.completion_error_.empty()) return;
@@ -81,7 +81,7 @@ void Comm::Parked::await_suspend(std::coroutine_handle<> h) {
 
 bool Comm::Poll() {
   if (!waiter_) return false;
-  if (!TestAll(parked_n_, reqs_, &completion_error_)) {
+  if (!TestAll(parked_n_, reqs_, statuses_, &completion_error_)) {
     CheckAbandoned(parked_what_);
     if (abort_timeout_s_ > 0) {
       double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - parked_at_).count();
@@ -127,30 +127,22 @@ void Comm::AbortUnanswered(const char* what, double waited) {
 // even for an operator that is not exactly commutative (a NaN in min/max).
 // Ranks beyond the largest power of two first fold into a neighbour, which
 // hands them the result at the end.
-Task<> Comm::CycleAllreduce(void* buf, MPI_Datatype type, MPI_Op op) {
+Task<> Comm::CycleAllreduce(char* msg, std::size_t* bytes, std::size_t max_bytes,
+                            const CycleCombine& combine) {
   if (size_ == 1) co_return;
-  int bytes = 0;
-  Check(MPI_Type_size(type, &bytes), "MPI_Type_size");
-  cycle_scratch_.resize(static_cast<std::size_t>(bytes));
-  char* mine = static_cast<char*>(buf);
+  cycle_scratch_.resize(max_bytes);
   char* theirs = cycle_scratch_.data();
-  auto combine_with = [&](int peer) {  // mine = lower op higher
-    if (peer < rank_) {
-      Check(MPI_Reduce_local(theirs, mine, 1, type, op), "MPI_Reduce_local");
-    } else {
-      Check(MPI_Reduce_local(mine, theirs, 1, type, op), "MPI_Reduce_local");
-      std::memcpy(mine, theirs, static_cast<std::size_t>(bytes));
-    }
-  };
+  std::size_t received = 0;
+  auto combine_with = [&](int peer) { *bytes = combine(msg, *bytes, theirs, received, peer < rank_); };
   int pof2 = 1;
   while (pof2 * 2 <= size_) pof2 *= 2;
   const int folded = 2 * (size_ - pof2);  // ranks below this pair up first
   const bool folds_away = rank_ < folded && rank_ % 2 == 0;
   if (folds_away) {
-    co_await CycleStep(mine, bytes, rank_ + 1, nullptr, -1);
+    co_await CycleStep(msg, *bytes, rank_ + 1, nullptr, 0, -1, &received);
   } else {
     if (rank_ < folded) {
-      co_await CycleStep(nullptr, bytes, -1, theirs, rank_ - 1);
+      co_await CycleStep(nullptr, 0, -1, theirs, max_bytes, rank_ - 1, &received);
       combine_with(rank_ - 1);
     }
     // Position among the ranks left: a folded pair counts once.
@@ -158,23 +150,35 @@ Task<> Comm::CycleAllreduce(void* buf, MPI_Datatype type, MPI_Op op) {
     for (int mask = 1; mask < pof2; mask <<= 1) {
       const int other = position ^ mask;
       const int peer = other < folded / 2 ? 2 * other + 1 : other + folded / 2;
-      co_await CycleStep(mine, bytes, peer, theirs, peer);
+      co_await CycleStep(msg, *bytes, peer, theirs, max_bytes, peer, &received);
       combine_with(peer);
     }
   }
   if (rank_ < folded) {
-    if (folds_away) co_await CycleStep(nullptr, bytes, -1, mine, rank_ + 1);
-    else co_await CycleStep(mine, bytes, rank_ - 1, nullptr, -1);
+    if (folds_away) {
+      co_await CycleStep(nullptr, 0, -1, msg, max_bytes, rank_ + 1, &received);
+      *bytes = received;
+    } else {
+      co_await CycleStep(msg, *bytes, rank_ - 1, nullptr, 0, -1, &received);
+    }
   }
 }
 
-Task<> Comm::CycleStep(const void* send, int bytes, int to, void* recv, int from) {
+Task<> Comm::CycleStep(const void* send, std::size_t send_bytes, int to, void* recv,
+                       std::size_t recv_max, int from, std::size_t* received) {
   int n = 0;
-  if (recv)
-    Check(MPI_Irecv(recv, bytes, MPI_BYTE, from, kCycleTag, comm_, &reqs_[n++]), "MPI_Irecv");
+  if (recv)  // first, so that its status is statuses_[0]
+    Check(MPI_Irecv(recv, static_cast<int>(recv_max), MPI_BYTE, from, kCycleTag, comm_, &reqs_[n++]),
+          "MPI_Irecv");
   if (send)
-    Check(MPI_Isend(send, bytes, MPI_BYTE, to, kCycleTag, comm_, &reqs_[n++]), "MPI_Isend");
+    Check(MPI_Isend(send, static_cast<int>(send_bytes), MPI_BYTE, to, kCycleTag, comm_, &reqs_[n++]),
+          "MPI_Isend");
   co_await Await(n, "the negotiation cycle", Wait::kArrival);
+  if (recv) {
+    int count = 0;
+    Check(MPI_Get_count(&statuses_[0], MPI_BYTE, &count), "MPI_Get_count");
+    *received = static_cast<std::size_t>(count);
+  }
 }
 
 Task<> Comm::Allreduce(uint64_t* words, int count, MPI_Op op) {

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <coroutine>
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -59,9 +60,15 @@ class Comm {
   bool Poll();
 
   // --- awaitable steps ------------------------------------------------------
-  // The cycle's allreduce: one element of `type`, in place, by `op` (which
-  // must accept MPI_Reduce_local); the same bits on every rank.
-  Task<> CycleAllreduce(void* buf, MPI_Datatype type, MPI_Op op);
+  // Merges a peer's message into this rank's, in place: combine(mine,
+  // mine_bytes, theirs, theirs_bytes, theirs_lower) returns the new size of
+  // mine; `theirs` is scratch. theirs_lower: theirs comes from lower ranks.
+  using CycleCombine = std::function<std::size_t(char*, std::size_t, char*, std::size_t, bool)>;
+  // The cycle's allreduce of a message whose size may differ between ranks
+  // and shrink as it is combined (*bytes, at most max_bytes everywhere):
+  // afterwards *bytes and the message are the same on every rank.
+  Task<> CycleAllreduce(char* msg, std::size_t* bytes, std::size_t max_bytes,
+                        const CycleCombine& combine);
   Task<> Allreduce(uint64_t* words, int count, MPI_Op op);
   Task<> AllreduceInt(int* value, MPI_Op op);
   // out[r] = rank r's value.
@@ -116,15 +123,18 @@ class Comm {
   // Starts one nonblocking call into reqs_[0] (`start` returns its MPI code) and awaits it.
   template <typename Start>
   Task<> Run(const char* what, Start start);
-  // One step of CycleAllreduce: sends `bytes` of `send` to `to` and/or
-  // receives them into `recv` from `from` (null: that side is skipped).
-  Task<> CycleStep(const void* send, int bytes, int to, void* recv, int from);
+  // One step of CycleAllreduce: sends `send_bytes` of `send` to `to` and/or
+  // receives at most `recv_max` bytes into `recv` from `from` (null: that
+  // side is skipped); *received is how many arrived.
+  Task<> CycleStep(const void* send, std::size_t send_bytes, int to, void* recv,
+                   std::size_t recv_max, int from, std::size_t* received);
   // Exchange() uses tag 0: cycle messages never match data.
   static constexpr int kCycleTag = 1;
   [[noreturn]] void AbortUnanswered(const char* what, double waited);
   void CheckAbandoned(const char* what) const;
 
   MPI_Request reqs_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  MPI_Status statuses_[2];  // of the last completed requests (a cycle step's receive size)
   int parked_n_ = 0;
   const char* parked_what_ = "";
   Wait parked_on_ = Wait::kTransfer;

@@ -37,7 +37,11 @@ Controller::Controller(Comm& comm, const Config& config, Stats& stats, Timeline&
       cache_(static_cast<std::size_t>(config.cache_capacity)),
       messages_(comm.size()),
       join_(comm.rank(), comm.size()),
-      stall_(config) {}
+      stall_(config),
+      combine_([this](char* mine, std::size_t mine_bytes, char* theirs, std::size_t theirs_bytes,
+                      bool theirs_lower) {
+        return message_.Combine(mine, mine_bytes, theirs, theirs_bytes, theirs_lower);
+      }) {}
 
 void Controller::Add(Request* req) {
   if (join_.requested()) {  // failed at the start of the next cycle
@@ -51,7 +55,7 @@ void Controller::Add(Request* req) {
   uint32_t bit = 0;
   auto found = cache_.capacity() ? cache_.Find(req->name, req->sig, &bit) : ResponseCache::Lookup::kMiss;
   const char* path = found != ResponseCache::Lookup::kHit ? "coordinator"
-                     : message_.HasSlot(bit)               ? "in-cycle"
+                     : message_.Eligible(bit)              ? "in-cycle"
                                                            : "cached";
   timeline_.NegotiateBegin(req->name, path);
   if (found == ResponseCache::Lookup::kHit) {
@@ -98,9 +102,9 @@ Task<CycleOutcome> Controller::Cycle(CycleIntent intent) {
 
   const std::size_t cap = cache_.capacity();
   bits_ = message_.Prepare((cap + kNumFlags + 63) / 64);
-  for (const auto& [bit, req] : cached_) {
+  for (const auto& [bit, req] : cached_) {  // ascending bits, as the message wants them
     SetBit(bits_, bit);
-    if (message_.HasSlot(bit)) message_.Put(bit, *req, comm_.size());
+    if (message_.Eligible(bit)) message_.Put(bit, *req, comm_.size());
   }
   // A joined rank's bits count as ready: it takes part in whatever the others have ready.
   joined_here_ = join_.JoinedHere(OtherPending());
@@ -121,7 +125,9 @@ Task<CycleOutcome> Controller::Cycle(CycleIntent intent) {
   for (int f = 0; f < kNumFlags; ++f)
     if (local[f] == (f == kShutdownRequested)) SetBit(bits_, cap + f);
   ++stats_.bitvector_syncs;
-  co_await comm_.CycleAllreduce(message_.data(), message_.datatype(), CycleMessage::op());
+  co_await comm_.CycleAllreduce(message_.data(), message_.mutable_bytes(), message_.max_bytes(),
+                                combine_);
+  message_.Finish();
 
   CycleOutcome out;
   uint64_t* bits = bits_;
@@ -180,8 +186,8 @@ Task<CycleOutcome> Controller::Cycle(CycleIntent intent) {
     PublishLayout();
   }
 
-  // Common hits, ascending bit order: identical on every rank. A hit with a
-  // slot was reduced inside the cycle's allreduce (every rank put its data in),
+  // Common hits, ascending bit order: identical on every rank. A hit whose
+  // entry survived was reduced inside the cycle's allreduce (every rank put its data in),
   // unless some rank has joined: then the joined ranks' stand-ins are needed.
   if (joined_here_) {
     // Every surviving bit is a collective that the ranks still at work have
@@ -200,8 +206,7 @@ Task<CycleOutcome> Controller::Cycle(CycleIntent intent) {
     cache_.Touch(bit);
     ++stats_.cache_hits;
     timeline_.NegotiateEnd(req->name);
-    if (message_.HasSlot(bit) && !join_.any()) {
-      message_.Take(bit, *req);
+    if (!join_.any() && message_.Take(bit, *req)) {
       ++stats_.in_cycle_reductions;
       stats_.bytes_reduced += req->sig.NumBytes();
       out.done.push_back(req);

@@ -118,7 +118,7 @@ class Controller {
   FaultInjector& faults_;
   const std::string scope_;
   ResponseCache cache_;
-  CycleMessage message_;  // slots mirror the cache
+  CycleMessage message_;  // which bits may carry data mirrors the cache
   // The posted cycle: its intent, start, bitvector (inside message_).
   CycleIntent intent_;
   Clock::time_point cycle_start_{};
@@ -127,6 +127,7 @@ class Controller {
   MessageTable messages_;  // used on rank 0 only
   JoinState join_;
   StallInspector stall_;
+  const Comm::CycleCombine combine_;  // merges a peer's cycle message into message_
   bool eviction_warned_ = false;
   // Stall flags need the oldest pending request; scanning all of them every
   // cycle would make a cycle cost O(pending), so the scan runs a few times a second.

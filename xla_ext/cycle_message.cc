@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "reduce_ops.h"
 
@@ -9,8 +11,7 @@ namespace jaxcache {
 
 namespace {
 
-constexpr std::size_t kHeaderWords = 2;  // [total words] [bit words | segments << 32]
-constexpr std::size_t kSegmentWords = 2;  // [offset | dtype << 32 | op << 40] [count]
+constexpr std::size_t kEntryHeader = 8;  // [u32 bit] [u32 payload bytes]
 
 std::size_t RoundUp8(std::size_t n) { return (n + 7) & ~std::size_t{7}; }
 
@@ -19,135 +20,137 @@ void CopyScaled(const void* in, void* out, int64_t count, DType dtype, double fa
   else Scale(in, out, count, dtype, factor);
 }
 
-// The cycle's MPI operator (see cycle_message.h for the layout it reads).
-void CycleReduce(void* invec, void* inoutvec, int* len, MPI_Datatype*) {
-  auto* in = static_cast<const uint64_t*>(invec);
-  auto* inout = static_cast<uint64_t*>(inoutvec);
-  for (int element = 0; element < *len; ++element) {
-    const std::size_t total = in[0];
-    const std::size_t bit_words = in[1] & 0xffffffffu;
-    const std::size_t segments = in[1] >> 32;
-    const uint64_t* table = in + kHeaderWords;
-    const std::size_t bits_at = kHeaderWords + kSegmentWords * segments;
-    for (std::size_t w = 0; w < bit_words; ++w) inout[bits_at + w] &= in[bits_at + w];
-    const char* region_in = reinterpret_cast<const char*>(in + bits_at + bit_words);
-    char* region_inout = reinterpret_cast<char*>(inout + bits_at + bit_words);
-    for (std::size_t s = 0; s < segments; ++s) {
-      const uint64_t desc = table[kSegmentWords * s];
-      const std::size_t offset = desc & 0xffffffffu;
-      const auto dtype = static_cast<DType>((desc >> 32) & 0xff);
-      const auto op = static_cast<ReduceOp>((desc >> 40) & 0xff);
-      const auto count = static_cast<int64_t>(table[kSegmentWords * s + 1]);
-      ReduceLocal(dtype, op, region_in + offset, region_inout + offset, count);
-    }
-    in += total;
-    inout += total;
-  }
+uint32_t EntryBit(const char* at) {
+  uint32_t bit;
+  std::memcpy(&bit, at, 4);
+  return bit;
+}
+
+uint32_t EntryPayload(const char* at) {
+  uint32_t bytes;
+  std::memcpy(&bytes, at + 4, 4);
+  return bytes;
 }
 
 }  // namespace
 
-CycleMessage::~CycleMessage() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (type_ != MPI_DATATYPE_NULL && !finalized) MPI_Type_free(&type_);
-}
-
-MPI_Op CycleMessage::op() {
-  static const MPI_Op op = [] {
-    MPI_Op created;
-    MPI_Op_create(&CycleReduce, /*commute=*/1, &created);
-    return created;
-  }();
-  return op;
-}
-
-std::size_t CycleMessage::RegionUsed() const {
-  std::size_t end = 0;
-  for (const auto& [bit, slot] : slots_) end = std::max(end, slot.offset + slot.bytes);
-  return end;
-}
-
 void CycleMessage::Assign(uint32_t bit, const Signature& sig) {
   Release(bit);
   if (sig.kind != Kind::kAllreduce || sig.tensors.empty()) return;
-  Slot slot{0, 0, Reduction(sig.op), sig.op == ReduceOp::kAverage, sig.prescale, sig.postscale, {}};
+  Slot slot;
+  slot.op = Reduction(sig.op);
+  slot.average = sig.op == ReduceOp::kAverage;
+  slot.prescale = sig.prescale;
+  slot.postscale = sig.postscale;
+  std::size_t bytes = 0;
   for (const TensorSpec& t : sig.tensors) {
-    slot.segments.push_back({slot.bytes, t.NumElements(), t.dtype});
-    slot.bytes += RoundUp8(t.NumBytes());
+    slot.segments.push_back({bytes, t.NumElements(), t.dtype});
+    bytes += RoundUp8(t.NumBytes());
   }
-  if (slot.bytes == 0 || slot.bytes > kSlotBytes) return;
-  // First fit, by offset: deterministic, so every rank finds the same place.
-  std::vector<std::pair<std::size_t, std::size_t>> used;  // [offset, end)
-  for (const auto& [b, s] : slots_) used.emplace_back(s.offset, s.offset + s.bytes);
-  std::sort(used.begin(), used.end());
-  std::size_t at = 0;
-  for (const auto& [begin, end] : used) {
-    if (begin >= at && begin - at >= slot.bytes) break;
-    at = std::max(at, end);
-  }
-  if (at + slot.bytes > kRegionBytes) return;  // full: this one takes the data phase
-  slot.offset = at;
-  for (Segment& seg : slot.segments) seg.offset += at;
-  slots_.emplace(bit, std::move(slot));
+  if (bytes == 0 || bytes > kSlotBytes) return;  // too large: the data phase serves it
+  slot.bytes = static_cast<uint32_t>(bytes);
+  if (slots_.size() <= bit) slots_.resize(bit + 1);
+  slots_[bit] = std::move(slot);
 }
 
-void CycleMessage::Release(uint32_t bit) { slots_.erase(bit); }
+void CycleMessage::Release(uint32_t bit) {
+  if (bit < slots_.size()) slots_[bit] = Slot();
+}
 
 void CycleMessage::ReleaseAll() { slots_.clear(); }
 
-char* CycleMessage::Region() { return reinterpret_cast<char*>(words_.data() + region_word_); }
-const char* CycleMessage::Region() const {
-  return reinterpret_cast<const char*>(words_.data() + region_word_);
-}
-
 uint64_t* CycleMessage::Prepare(std::size_t bit_words) {
-  std::size_t segments = 0;
-  for (const auto& [bit, slot] : slots_) segments += slot.segments.size();
-  const std::size_t bits_at = kHeaderWords + kSegmentWords * segments;
-  region_word_ = bits_at + bit_words;
-  const std::size_t region_bytes = RegionUsed();
-  const std::size_t total = region_word_ + region_bytes / 8;
-  words_.assign(total, 0);
-  words_[0] = total;
-  words_[1] = bit_words | (static_cast<uint64_t>(segments) << 32);
-  uint64_t* table = words_.data() + kHeaderWords;
-  for (const auto& [bit, slot] : slots_) {
-    for (const Segment& seg : slot.segments) {
-      table[0] = seg.offset | (static_cast<uint64_t>(seg.dtype) << 32) |
-                 (static_cast<uint64_t>(slot.op) << 40);
-      table[1] = static_cast<uint64_t>(seg.count);
-      table += kSegmentWords;
-    }
-  }
-  return words_.data() + bits_at;
+  bit_words_ = bit_words;
+  const std::size_t words = max_bytes() / 8;
+  if (words_.size() < words) words_.resize(words);
+  std::fill_n(words_.data(), bit_words, uint64_t{0});
+  bytes_ = bit_words * 8;
+  results_.clear();
+  return words_.data();
 }
 
-void CycleMessage::Put(uint32_t bit, const Request& req, int size) {
-  const Slot& slot = slots_.at(bit);
+bool CycleMessage::Put(uint32_t bit, const Request& req, int size) {
+  const Slot& slot = slots_[bit];
+  if (bytes_ + kEntryHeader + slot.bytes > max_bytes()) return false;
+  char* at = data() + bytes_;
+  std::memcpy(at, &bit, 4);
+  std::memcpy(at + 4, &slot.bytes, 4);
+  char* payload = at + kEntryHeader;
   const double factor = slot.average ? slot.prescale / size : slot.prescale;
   for (std::size_t t = 0; t < slot.segments.size(); ++t) {
     const Segment& seg = slot.segments[t];
-    CopyScaled(req.inputs[t], Region() + seg.offset, seg.count, seg.dtype, factor);
+    CopyScaled(req.inputs[t], payload + seg.offset, seg.count, seg.dtype, factor);
+  }
+  bytes_ += kEntryHeader + slot.bytes;
+  return true;
+}
+
+void CycleMessage::Reduce(const Slot& slot, const char* in, char* inout) const {
+  for (const Segment& seg : slot.segments)
+    ReduceLocal(seg.dtype, slot.op, in + seg.offset, inout + seg.offset, seg.count);
+}
+
+std::size_t CycleMessage::Combine(char* mine, std::size_t mine_bytes, char* theirs,
+                                  std::size_t theirs_bytes, bool theirs_lower) const {
+  const std::size_t head = bit_words_ * 8;
+  if (mine_bytes < head || theirs_bytes < head)
+    throw std::runtime_error("jaxcache: truncated cycle message");
+  auto* mine_bits = reinterpret_cast<uint64_t*>(mine);
+  const auto* their_bits = reinterpret_cast<const uint64_t*>(theirs);
+  for (std::size_t w = 0; w < bit_words_; ++w) mine_bits[w] &= their_bits[w];
+  // Both lists are sorted by bit; what both hold is kept, in place (the write
+  // position never passes the read position: only entries of `mine` are kept).
+  std::size_t m = head, t = head, w = head;
+  while (m < mine_bytes && t < theirs_bytes) {
+    const uint32_t mb = EntryBit(mine + m), tb = EntryBit(theirs + t);
+    const std::size_t m_size = kEntryHeader + EntryPayload(mine + m);
+    const std::size_t t_size = kEntryHeader + EntryPayload(theirs + t);
+    if (mb < tb) {
+      m += m_size;
+      continue;
+    }
+    if (tb < mb) {
+      t += t_size;
+      continue;
+    }
+    if (!Eligible(mb) || m_size != t_size || m_size != kEntryHeader + slots_[mb].bytes)
+      throw std::runtime_error("jaxcache: the ranks disagree on the in-cycle data of cache bit " +
+                               std::to_string(mb));
+    const Slot& slot = slots_[mb];
+    char* mp = mine + m + kEntryHeader;
+    char* tp = theirs + t + kEntryHeader;
+    if (theirs_lower) {
+      Reduce(slot, tp, mp);  // mine = theirs op mine
+    } else {
+      Reduce(slot, mp, tp);  // theirs = mine op theirs
+      std::memcpy(mp, tp, slot.bytes);
+    }
+    if (w != m) std::memmove(mine + w, mine + m, m_size);
+    w += m_size;
+    m += m_size;
+    t += t_size;
+  }
+  return w;
+}
+
+void CycleMessage::Finish() {
+  results_.clear();
+  for (std::size_t at = bit_words_ * 8; at < bytes_;) {
+    results_.emplace_back(EntryBit(data() + at), at + kEntryHeader);
+    at += kEntryHeader + EntryPayload(data() + at);
   }
 }
 
-void CycleMessage::Take(uint32_t bit, Request& req) const {
-  const Slot& slot = slots_.at(bit);
+bool CycleMessage::Take(uint32_t bit, Request& req) const {
+  auto it = std::lower_bound(results_.begin(), results_.end(), std::make_pair(bit, std::size_t{0}));
+  if (it == results_.end() || it->first != bit) return false;
+  const Slot& slot = slots_[bit];
+  const char* payload = reinterpret_cast<const char*>(words_.data()) + it->second;
   for (std::size_t t = 0; t < slot.segments.size(); ++t) {
     const Segment& seg = slot.segments[t];
-    CopyScaled(Region() + seg.offset, req.outputs[t], seg.count, seg.dtype, slot.postscale);
+    CopyScaled(payload + seg.offset, req.outputs[t], seg.count, seg.dtype, slot.postscale);
   }
-}
-
-MPI_Datatype CycleMessage::datatype() {
-  if (type_ == MPI_DATATYPE_NULL || type_words_ != words_.size()) {
-    if (type_ != MPI_DATATYPE_NULL) MPI_Type_free(&type_);
-    MPI_Type_contiguous(static_cast<int>(words_.size()), MPI_UINT64_T, &type_);
-    MPI_Type_commit(&type_);
-    type_words_ = words_.size();
-  }
-  return type_;
+  return true;
 }
 
 }  // namespace jaxcache

@@ -1,26 +1,27 @@
 // The one allreduce of a cycle: the bitvector and, speculatively, the data of
-// small cached allreduces that are ready on this rank.
+// the small cached allreduces that are ready on this rank.
 //
-// Every small cached allreduce (at most kSlotBytes) owns a slot in a region of
-// the message, assigned when it enters the response cache -- so the layout is
-// the same on every rank, like the bit positions. A rank copies the (prescaled)
-// data of its ready slotted requests into their slots; one user-defined MPI
-// operator ANDs the bitvector and reduces each slot with its own dtype and op.
-// When the AND shows a slotted request ready on every rank, every rank put its
-// data in, so the slot holds the result: the request completes without a data
-// phase. Otherwise the slot's result is ignored.
+// The data rides as a sparse list of entries, one per ready request, sorted
+// by bit: a message costs what is ready, not what is cached, so a step of
+// 1000 per-leaf allreduces that XLA runs one after another (one ready request
+// per cycle) sends one entry per cycle, not the whole cache's worth.
 //
-// Message layout (64-bit words): [header: word count, bit words, segment count]
-// [segments: offset, count, dtype, op] [bitvector] [region]. The header travels
-// in the message because MPI operators get no context argument; it is identical
-// on every rank, so the operator reads it from either input.
+// Layout (bytes, 8-aligned): [bitvector: bit_words x u64] [entry]...
+//   entry: [u32 bit] [u32 payload bytes] [payload: each tensor's data,
+//   prescaled, padded to 8 bytes]
+// Combining two ranks' messages ANDs the bitvectors and keeps the entries both
+// hold, reduced (lower ranks' part op higher ranks' part). An entry missing on
+// some rank cannot be complete, so it is dropped on the way: after the
+// allreduce, the entries left are exactly the requests every rank put in,
+// fully reduced, the same on every rank; they complete with no data phase.
+// The others' bits still count in the AND (the data phase serves them).
+//
+// Which bits may carry data is decided from the cached (agreed) signature, so
+// every rank decides alike; a rank puts in what fits kPayloadBytes.
 #pragma once
 
-#include <mpi.h>
-
 #include <cstdint>
-#include <map>
-#include <optional>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -30,56 +31,61 @@ namespace jaxcache {
 
 class CycleMessage {
  public:
-  static constexpr std::size_t kSlotBytes = 4096;    // largest request that rides along
-  static constexpr std::size_t kRegionBytes = 16384;  // all slots together
+  static constexpr std::size_t kSlotBytes = 4096;      // largest request that rides along
+  static constexpr std::size_t kPayloadBytes = 65536;  // one message's entries together
 
-  CycleMessage() = default;
-  ~CycleMessage();
-  CycleMessage(const CycleMessage&) = delete;
-  CycleMessage& operator=(const CycleMessage&) = delete;
-
-  // Slots follow the response cache, on every rank in the same order.
-  // A bit gets a slot if its signature is a small allreduce and space is left.
+  // Follows the response cache, on every rank in the same order. A bit may
+  // carry data if its signature is a small allreduce.
   void Assign(uint32_t bit, const Signature& sig);
   void Release(uint32_t bit);
   void ReleaseAll();
-  bool HasSlot(uint32_t bit) const { return slots_.count(bit) != 0; }
+  bool Eligible(uint32_t bit) const { return bit < slots_.size() && slots_[bit].bytes != 0; }
 
-  // Lays out a message for `bit_words` words of bitvector and the current slots;
-  // returns the bitvector to fill (zeroed). The region starts zeroed too.
+  // Starts a message with `bit_words` zeroed words of bitvector; returns them.
   uint64_t* Prepare(std::size_t bit_words);
-  // Copies `req`'s inputs, prescaled (for an average also divided by `size`:
-  // the data rides in the cycle only while every rank contributes), into its slot.
-  void Put(uint32_t bit, const Request& req, int size);
-  // After the reduction: copies the slot's result, postscaled, to `req`'s outputs.
-  void Take(uint32_t bit, Request& req) const;
+  // Appends `req`'s inputs, prescaled (for an average also divided by `size`:
+  // the data rides in the cycle only while every rank contributes), as the
+  // entry of `bit` (an eligible bit above every bit put so far). False when
+  // the message has no room left for it.
+  bool Put(uint32_t bit, const Request& req, int size);
 
-  void* data() { return words_.data(); }
-  MPI_Datatype datatype();  // one element: the whole message
-  static MPI_Op op();       // AND of the bitvector, per-segment reduction of the region
+  char* data() { return reinterpret_cast<char*>(words_.data()); }
+  std::size_t bytes() const { return bytes_; }
+  std::size_t* mutable_bytes() { return &bytes_; }
+  std::size_t max_bytes() const { return bit_words_ * 8 + kPayloadBytes; }
+  // Merges `theirs` (a peer's message, or several ranks' combined) into
+  // `mine` in place; `theirs_lower`: theirs comes from lower ranks. Returns
+  // the new size of `mine`. `theirs` is scratch (it may be overwritten).
+  std::size_t Combine(char* mine, std::size_t mine_bytes, char* theirs, std::size_t theirs_bytes,
+                      bool theirs_lower) const;
+
+  // After the allreduce: indexes the entries left (every rank's data in).
+  void Finish();
+  // Copies the reduced data of `bit`, postscaled, to `req`'s outputs; false
+  // when the bit has no complete entry in this cycle.
+  bool Take(uint32_t bit, Request& req) const;
 
  private:
   struct Segment {
-    std::size_t offset;  // bytes from the region's start
+    std::size_t offset;  // bytes from the payload's start
     int64_t count;
     DType dtype;
   };
   struct Slot {
-    std::size_t offset, bytes;
-    ReduceOp op;  // the operator MPI would apply (an average reduces as a sum)
-    bool average;
-    double prescale, postscale;
+    uint32_t bytes = 0;  // payload bytes; 0: this bit carries no data
+    ReduceOp op = ReduceOp::kSum;  // the operator applied (an average reduces as a sum)
+    bool average = false;
+    double prescale = 1.0, postscale = 1.0;
     std::vector<Segment> segments;  // one per tensor
   };
-  std::size_t RegionUsed() const;
-  char* Region();
-  const char* Region() const;
+  // inout = in op inout, segment by segment.
+  void Reduce(const Slot& slot, const char* in, char* inout) const;
 
-  std::map<uint32_t, Slot> slots_;
+  std::vector<Slot> slots_;  // by bit
   std::vector<uint64_t> words_;
-  std::size_t region_word_ = 0;  // first word of the region
-  MPI_Datatype type_ = MPI_DATATYPE_NULL;
-  std::size_t type_words_ = 0;
+  std::size_t bit_words_ = 0;
+  std::size_t bytes_ = 0;  // used bytes of the message
+  std::vector<std::pair<uint32_t, std::size_t>> results_;  // bit -> payload offset
 };
 
 }  // namespace jaxcache

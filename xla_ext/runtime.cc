@@ -1,5 +1,7 @@
 #include "runtime.h"
 
+#include <sched.h>
+
 #include <cerrno>
 #include <cstring>
 
@@ -30,6 +32,18 @@ constexpr microseconds kBusySpin{250};
 // How much longer than JAXCACHE_INLINE_SPIN_US a submitter keeps driving its
 // request once the data is moving (a slow link: hand over after this).
 constexpr microseconds kInlineTransferGrace{1000};
+// How long a submitter polls its cycle before it starts yielding the core
+// between polls: a sched_yield costs about as much as a running peer's answer
+// (jitted 1000 x 16-float per-leaf step at 2 ranks: see benchmarks/README.md).
+// Only while this host has a core per rank: otherwise the peer may be waiting
+// for this very core, and yielding at once lets it answer.
+constexpr microseconds kInlineTightPoll{10};
+
+int UsableCores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
 
 int RankOf(MPI_Comm comm) {
   int rank = 0;
@@ -58,6 +72,7 @@ Runtime::Runtime(MPI_Comm comm, const Config& config)
   global_ = std::make_shared<ProcessSet>(0, comm, std::vector<int>(), config_, timeline_, *faults_,
                                          completions_, wakeup_, &abandon_);
   sets_[0] = global_;
+  if (global_->comm().local_size() <= UsableCores()) tight_poll_ = kInlineTightPoll;
   if (!config_.timeline_path.empty() && global_->comm().rank() == 0 &&
       !timeline_.Open(config_.timeline_path, config_.timeline_mark_cycles)) {
     std::fprintf(stderr, "jaxcache: warning: cannot open timeline file '%s'\n",
@@ -244,8 +259,8 @@ void Runtime::Submit(RequestPtr req, bool drive) {
     if (!scope.done()) wakeup_.Notify();
     return;
   }
-  const auto deadline =
-      Clock::now() + std::chrono::microseconds(static_cast<int64_t>(config_.inline_spin_us));
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::microseconds(static_cast<int64_t>(config_.inline_spin_us));
   try {
     while (!scope.done() && !set->stopped()) {
       // A cycle that finished without completing ours starts the next at once.
@@ -255,7 +270,9 @@ void Runtime::Submit(RequestPtr req, bool drive) {
       // way, after a wake-up (1 MB alltoall at 2 ranks: 75 -> 59 us).
       const auto now = Clock::now();
       if (now > deadline && !(set->transferring() && now < deadline + kInlineTransferGrace)) break;
-      std::this_thread::yield();  // the peers may need this core
+      // A peer that is running answers within microseconds: poll without a
+      // system call at first; later yield, in case the peer needs this core.
+      if (now - start > tight_poll_) std::this_thread::yield();
     }
   } catch (const AbandonedError&) {
     // Stop() gave up on the other ranks; the background thread winds down.

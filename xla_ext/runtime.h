@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -98,6 +99,8 @@ class Runtime {
   bool loop_done_ = false;
   std::string closing_message_;  // why the loop ended (under done_mu_)
   std::thread thread_;
+  // How long an inline driver polls before yielding between polls (runtime.cc).
+  std::chrono::microseconds tight_poll_{0};
 };
 
 }  // namespace jaxcache
