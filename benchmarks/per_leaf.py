@@ -22,7 +22,7 @@ allreduces (sum) its N tensors:
 - ``mpi4py``: a Python loop of N ``Allreduce`` calls on NumPy arrays (every path).
 
 Each job is one (P, cache setting): ``JAXCACHE_CACHE_CAPACITY=0`` ("off", every cycle
-negotiates through rank 0) or 2048 ("on"). Jobs alternate off/on, ``--repeats`` times;
+negotiates through rank 0) or 8192 ("on", holding every name of the sweep). Jobs alternate off/on, ``--repeats`` times;
 inside a job, the methods of a cell are interleaved over 3 rounds. A step starts with a
 barrier; its time is the slowest rank's; a cell reports the median over its steps and
 rounds, and medians over the repeats. Counters (cycles, coordinator rounds, data MPI calls,
@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-CACHE = {"off": 0, "on": 2048}
+CACHE = {"off": 0, "on": 8192}  # "on" holds every name of the sweep
 ROUNDS = 3
 
 
