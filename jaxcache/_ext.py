@@ -14,6 +14,8 @@ import jax
 import jax.extend  # noqa: F401  (see below)
 import jaxlib
 
+from . import allocator
+
 # Importing jax.extend defines JAX config options (jax >= 0.12: through its pallas modules).
 # Options defined in the middle of a trace -- jaxcache's ops modules import jax.extend and
 # load lazily, typically when a jitted function first calls a collective -- change JAX's
@@ -91,6 +93,8 @@ def _load_extension():
 
 _check_jax_version()
 ext = _load_extension()
+# Before jax creates its worker threads (they would get heaps of their own).
+allocator.tune_process(ext)
 
 BUILT_FFI_API = tuple(ext.ffi_api_version())
 RUNNING_FFI_API = _running_ffi_api_version()

@@ -10,6 +10,8 @@ import dataclasses
 import os
 import sys
 
+from . import allocator
+
 _MIB = 1 << 20
 
 
@@ -30,6 +32,7 @@ class Config:
     shutdown_timeout_s: float = 30.0
     inline_spin_us: float = 50.0
     fault_inject: str = ""
+    malloc_tuning: bool = True  # per process, applied at import (jaxcache/allocator.py)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -52,9 +55,11 @@ VARIABLES = {
     "shutdown_timeout_s": "JAXCACHE_SHUTDOWN_TIMEOUT",
     "inline_spin_us": "JAXCACHE_INLINE_SPIN_US",
     "fault_inject": "JAXCACHE_FAULT_INJECT",
+    "malloc_tuning": "JAXCACHE_MALLOC_TUNING",
 }
-# Settings each rank keeps for itself: only rank 0 writes the timeline.
-_LOCAL = frozenset({"timeline_path", "timeline_mark_cycles"})
+# Settings each rank keeps for itself: only rank 0 writes the timeline; the allocator is
+# the process's own (and was set up at import, before init()).
+_LOCAL = frozenset({"timeline_path", "timeline_mark_cycles", "malloc_tuning"})
 
 
 def _number(var: str, default, kind, minimum=0):
@@ -98,6 +103,7 @@ def from_env() -> Config:
         shutdown_timeout_s=_number("JAXCACHE_SHUTDOWN_TIMEOUT", d.shutdown_timeout_s, float),
         inline_spin_us=_number("JAXCACHE_INLINE_SPIN_US", d.inline_spin_us, float),
         fault_inject=os.environ.get("JAXCACHE_FAULT_INJECT", "").strip(),
+        malloc_tuning=allocator.enabled(),
     )
 
 

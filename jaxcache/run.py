@@ -56,6 +56,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from . import allocator
+
 MPICH, OPENMPI = "mpich", "openmpi"
 FAMILY_NAMES = {MPICH: "MPICH (Hydra)", OPENMPI: "Open MPI"}
 MIB = 1 << 20
@@ -224,36 +226,8 @@ def env_from_args(args: argparse.Namespace, environ: dict | None = None) -> dict
     return env
 
 
-# name -> value; see the module docstring for why.
-MALLOC_TUNABLES = {
-    "glibc.malloc.hugetlb": "1",
-    "glibc.malloc.arena_max": "1",
-    "glibc.malloc.mmap_max": "0",
-    "glibc.malloc.mmap_threshold": str(32 << 20),
-    "glibc.malloc.trim_threshold": str(1 << 30),
-}
-
-
-# glibc's older environment variables for the same tunables.
-MALLOC_ENV_ALIASES = {
-    "glibc.malloc.arena_max": "MALLOC_ARENA_MAX",
-    "glibc.malloc.mmap_max": "MALLOC_MMAP_MAX_",
-    "glibc.malloc.mmap_threshold": "MALLOC_MMAP_THRESHOLD_",
-    "glibc.malloc.trim_threshold": "MALLOC_TRIM_THRESHOLD_",
-}
-
-
-def allocator_env(environ: dict | None = None, enabled: bool = True) -> dict[str, str]:
-    """GLIBC_TUNABLES for every rank: the user's tunables, plus those of MALLOC_TUNABLES the
-    user did not set (nothing when `enabled` is False or off Linux)."""
-    environ = os.environ if environ is None else environ
-    if not enabled or not sys.platform.startswith("linux"):
-        return {}
-    current = [item for item in environ.get("GLIBC_TUNABLES", "").split(":") if item]
-    names = {item.split("=", 1)[0] for item in current}
-    names |= {name for name, alias in MALLOC_ENV_ALIASES.items() if alias in environ}
-    added = [f"{k}={v}" for k, v in MALLOC_TUNABLES.items() if k not in names]
-    return {"GLIBC_TUNABLES": ":".join(current + added)}
+# The tunables and which of them the user set: one place, jaxcache/allocator.py.
+allocator_env = allocator.launcher_env
 
 
 def build_command(args: argparse.Namespace, launcher: Launcher, env: dict[str, str],
@@ -354,6 +328,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         launcher = check_launcher(args.mpirun) if args.mpirun else find_launcher()
         env = env_from_args(args)
         env.update(allocator_env(enabled=not args.no_malloc_tuning))
+        if args.no_malloc_tuning:  # nor may the ranks tune it themselves at import
+            env[allocator.VARIABLE] = "0"
     except LauncherError as e:
         print(str(e), file=sys.stderr)
         return 2

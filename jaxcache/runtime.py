@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import sys
 import time
@@ -11,6 +12,7 @@ from mpi4py import MPI
 
 from typing import Sequence
 
+from . import allocator as _allocator
 from . import config as _config
 from . import process_sets as _process_sets
 from ._ext import ext
@@ -18,6 +20,7 @@ from .errors import raise_for_status
 
 _atexit_registered = False
 _settings = _config.Config()  # rank 0's, once init() has run
+_allocator_logged = False  # init() logs what jaxcache.allocator did, once
 
 
 def init(comm: MPI.Comm | None = None, process_sets: Sequence | None = None) -> None:
@@ -28,7 +31,7 @@ def init(comm: MPI.Comm | None = None, process_sets: Sequence | None = None) -> 
     registered in order, as by `add_process_set` on every rank. Calling it again while the
     runtime is running does nothing; after `shutdown()` it starts a new runtime.
     """
-    global _atexit_registered, _settings
+    global _atexit_registered, _settings, _allocator_logged
     if ext.running():
         return
     if comm is None:
@@ -42,6 +45,10 @@ def init(comm: MPI.Comm | None = None, process_sets: Sequence | None = None) -> 
         )
     cfg = _config.synchronize(comm, _settings_everywhere(comm))
     ext.init(MPI._addressof(comm), cfg.as_dict())
+    if not _allocator_logged:
+        _allocator_logged = True
+        logging.getLogger("jaxcache").info("malloc settings (jaxcache.allocator): %s",
+                                           _allocator.report())
     _settings = cfg
     _process_sets.started(comm, ext.size())
     for ps in process_sets or ():

@@ -7,7 +7,9 @@ import os
 import signal
 import subprocess
 import sys
+import re
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -264,18 +266,21 @@ TINY = textwrap.dedent("""
     import ctypes
     import os
     import threading
+    import jax
     import jax.numpy as jnp
     import jaxcache
+    import jaxcache.allocator
 
     class MallInfo2(ctypes.Structure):
         _fields_ = [(f, ctypes.c_size_t) for f in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
                                                    "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
 
-    def mapped_chunks_with_64mb_allocated():  # glibc took the tunables: no mapping of its own
+    def mapped_chunks_with_64mb_allocated():  # the tunables took: no mapping of its own
         libc = ctypes.CDLL(None)
         libc.malloc.restype, libc.mallinfo2.restype = ctypes.c_void_p, MallInfo2
+        before = libc.mallinfo2().hblks  # (chunks mapped before the tunables took effect stay)
         block = libc.malloc(64 << 20)
-        chunks = libc.mallinfo2().hblks
+        chunks = libc.mallinfo2().hblks - before
         libc.free(ctypes.c_void_p(block))
         return chunks
 
@@ -291,12 +296,26 @@ TINY = textwrap.dedent("""
         libc.free(ctypes.c_void_p(got[0]))
         return inside
 
+    def heap_on_huge_pages():  # glibc took hugetlb (or jaxcache advised the heap)
+        big = jax.jit(lambda x: x * 2)(jnp.ones(16 << 20, jnp.float32)).block_until_ready()
+        lines = open("/proc/self/smaps").read().splitlines()
+        huge = 0
+        for i, line in enumerate(lines):
+            if line.rstrip().endswith("[heap]"):
+                for entry in lines[i + 1:i + 30]:
+                    if entry.startswith("AnonHugePages:"):
+                        huge += int(entry.split()[1])
+                        break
+        del big
+        return huge > 0
+
     jaxcache.init()
     r, n = jaxcache.rank(), jaxcache.size()
     total = jaxcache.allreduce(jnp.asarray(float(r + 1)), op="sum", name="tiny")
     print(f"rank {r}/{n} sum={float(total):g} fusion={os.environ.get('JAXCACHE_FUSION_THRESHOLD')} "
           f"args={os.sys.argv[1:]} tunables={os.environ.get('GLIBC_TUNABLES')} "
-          f"mapped={mapped_chunks_with_64mb_allocated()} main_heap={thread_allocates_from_the_main_heap()}",
+          f"mapped={mapped_chunks_with_64mb_allocated()} main_heap={thread_allocates_from_the_main_heap()} "
+          f"huge={heap_on_huge_pages()} allocator={jaxcache.allocator.report()!r}",
           flush=True)
     jaxcache.shutdown()
 """)
@@ -347,6 +366,61 @@ def test_real_two_rank_run_of_a_module(tmp_path):
     assert rc == 0, out
     for r in range(2):
         assert f"rank {r}/2 sum=3 fusion=None args=['--z'] tunables={OURS} mapped=0 main_heap=True" in out, out
+
+
+def thp_available() -> bool:
+    try:
+        return "[never]" not in open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return False
+
+
+def run_plain_mpirun(script, env: dict) -> str:
+    """A job started without the launcher (no GLIBC_TUNABLES), as Slurm or a scheduler would."""
+    mpirun = Path(sys.executable).parent / "mpirun"
+    full = {k: v for k, v in os.environ.items()
+            if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_") and not k.startswith("JAXCACHE_")}
+    full.update({"JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **env})
+    proc = subprocess.Popen([str(mpirun if mpirun.exists() else "mpirun"), "-np", "2", sys.executable,
+                             str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=full, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"plain mpirun job timed out:\n{out[-4000:]}")
+    assert proc.returncode == 0, out
+    return out
+
+
+@needs_tunable_glibc
+def test_plain_mpirun_job_gets_the_malloc_settings_from_jaxcache(tmp_path):
+    """Started without the launcher, each rank tunes its own allocator when the runtime loads:
+    no mapping of its own for a 64 MB buffer, one heap for every thread, the heap on huge pages."""
+    script = tmp_path / "tiny.py"
+    script.write_text(TINY)
+    out = run_plain_mpirun(script, {})
+    for r in range(2):
+        assert f"rank {r}/2 sum=3 fusion=None args=[] tunables=None mapped=0 main_heap=True " in out, out
+    if thp_available():
+        assert out.count("huge=True") == 2, out
+    assert out.count("applied in this process: glibc.malloc.arena_max=1") == 2, out
+
+
+@needs_tunable_glibc
+def test_malloc_tuning_opt_out(tmp_path):
+    """JAXCACHE_MALLOC_TUNING=0 (and the launcher's --no-malloc-tuning, which sets it) leaves
+    glibc's defaults: the 64 MB buffer gets a mapping of its own."""
+    script = tmp_path / "tiny.py"
+    script.write_text(TINY)
+    out = run_plain_mpirun(script, {"JAXCACHE_MALLOC_TUNING": "0"})
+    assert len(re.findall(r"mapped=[1-9]\d* main_heap=False", out)) == 2, out
+    assert out.count("JAXCACHE_MALLOC_TUNING=0: allocator untouched") == 2, out
+    rc, out = run_launcher(["-np", "2", "--no-malloc-tuning", str(script)], tmp_path)
+    assert rc == 0, out
+    assert len(re.findall(r"mapped=[1-9]\d* main_heap=False", out)) == 2, out
+    assert out.count("JAXCACHE_MALLOC_TUNING=0: allocator untouched") == 2, out
 
 
 def test_exit_status_is_the_jobs(tmp_path):

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "allocator.h"
 #include "comm.h"
 #include "ffi_handlers.h"
 #include "runtime.h"
@@ -277,6 +278,8 @@ NB_MODULE(_jaxcache_ext, m) {
   main_thread_ident = nb::cast<unsigned long>(
       nb::module_::import_("threading").attr("main_thread")().attr("ident"));
   m.def("waiters", [] { return waiters.load(); });
+  m.def("set_malloc_tunable", &SetMallocTunable, nb::arg("name"), nb::arg("value"));
+  m.def("advise_heap_huge_pages", &AdviseHeapHugePages, nb::arg("reserve"));
 
   m.def("ffi_api_version", [] { return std::make_pair(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR); });
   // Targets by platform: {"cpu": {...}, "CUDA": {...}} (CUDA only when built with it).
