@@ -32,7 +32,9 @@ namespace jaxcache {
 class CycleMessage {
  public:
   static constexpr std::size_t kSlotBytes = 4096;      // largest request that rides along
-  static constexpr std::size_t kPayloadBytes = 65536;  // one message's entries together
+  // One message's entries together. Larger messages took MPICH's rendezvous path, which
+  // costs a time slice per step where ranks outnumber cores (docs/control_plane.md).
+  static constexpr std::size_t kPayloadBytes = 16384;
 
   // Follows the response cache, on every rank in the same order. A bit may
   // carry data if its signature is a small allreduce.
