@@ -324,14 +324,19 @@ TINY = textwrap.dedent("""
 def run_launcher(argv: list[str], cwd) -> tuple[int, str]:
     """(exit status, output) of `python -m jaxcache.run ARGV`; the whole job is killed on timeout."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "jaxcache.run", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True, cwd=cwd)
+    return run_job([sys.executable, "-m", "jaxcache.run", *argv], env, cwd)
+
+
+def run_job(cmd: list[str], env: dict, cwd=None) -> tuple[int, str]:
+    """(exit status, output) of a job; the whole job is killed past 120 s."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True, cwd=cwd)
     try:
         out, _ = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        pytest.fail(f"launcher job timed out:\n{out[-4000:]}")
+        pytest.fail(f"job {cmd[:3]} timed out:\n{out[-4000:]}")
     return proc.returncode, out
 
 
@@ -381,16 +386,9 @@ def run_plain_mpirun(script, env: dict) -> str:
     full = {k: v for k, v in os.environ.items()
             if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_") and not k.startswith("JAXCACHE_")}
     full.update({"JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **env})
-    proc = subprocess.Popen([str(mpirun if mpirun.exists() else "mpirun"), "-np", "2", sys.executable,
-                             str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=full, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"plain mpirun job timed out:\n{out[-4000:]}")
-    assert proc.returncode == 0, out
+    rc, out = run_job([str(mpirun if mpirun.exists() else "mpirun"), "-np", "2", sys.executable,
+                       str(script)], full)
+    assert rc == 0, out
     return out
 
 
