@@ -209,16 +209,16 @@ def build_eager(local, n: int):
 
     from jaxcache._ext import ext
     from jaxcache.errors import raise_for_status
-    from jaxcache.ops.eager import DTYPE_CODES, KIND_ALLREDUCE
+    from jaxcache.protocol import NUMPY_DTYPES, Kind
 
-    code = [DTYPE_CODES[np.dtype(np.float32)]]
+    code = [NUMPY_DTYPES[np.dtype(np.float32)]]
     ins = [np.ascontiguousarray(x) for x in local]
     outs = [np.empty_like(x) for x in ins]
     names = [f"t{i}" for i in range(n)]
     submit = ext.submit
 
     def run() -> None:
-        handles = [submit(KIND_ALLREDUCE, names[i], [ins[i]], [outs[i]], 0, 1.0, 1.0, 0, code)
+        handles = [submit(Kind.ALLREDUCE, names[i], [ins[i]], [outs[i]], 0, 1.0, 1.0, 0, code)
                    for i in range(n)]
         for h in handles:
             raise_for_status(*h.wait())

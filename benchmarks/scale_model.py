@@ -212,7 +212,7 @@ def measure_root_cpu(rank: int, comm) -> dict[str, Any] | None:
         import jaxcache as jc
         from jaxcache._ext import ext
         from jaxcache.errors import raise_for_status
-        from jaxcache.ops.eager import DTYPE_CODES
+        from jaxcache.protocol import NUMPY_DTYPES
     except Exception as exc:  # noqa: BLE001
         return {"error": f"jaxcache unavailable: {type(exc).__name__}: {exc}"}
     out: dict[str, Any] = {}
@@ -221,7 +221,7 @@ def measure_root_cpu(rank: int, comm) -> dict[str, Any] | None:
         for label, cap in (("off", "0"), ("on", "8192")):
             os.environ["JAXCACHE_CACHE_CAPACITY"] = cap
             jc.init(MPI.COMM_SELF)
-            code = [DTYPE_CODES[np.dtype(np.float32)]]
+            code = [NUMPY_DTYPES[np.dtype(np.float32)]]
             for n in (161, 5000):
                 ins = [np.full(4, i, np.float32) for i in range(n)]
                 outs = [np.empty(4, np.float32) for _ in range(n)]

@@ -11,17 +11,15 @@ from __future__ import annotations
 import functools
 
 from ._ext import ext
-
-# Codes of xla_ext/common.h Device.
-CPU, CUDA = 0, 1
+from .protocol import Device
 
 
-def code(platform: str) -> int:
+def code(platform: str) -> Device:
     """The device kind of a jax platform, torch device type or TensorFlow device name."""
     p = platform.lower()
     if p in ("cuda", "gpu") or "gpu" in p:
-        return CUDA
-    return CPU
+        return Device.CUDA
+    return Device.CPU
 
 
 def cuda_built() -> bool:

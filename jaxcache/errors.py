@@ -31,18 +31,31 @@ class CollectiveError(JaxcacheError):
     """Any other failure of a collective (invalid argument, MPI error)."""
 
 
-# Order matches xla_ext/common.h ErrorKind.
-_BY_KIND: dict[int, type[JaxcacheError]] = {
-    1: MismatchError,
-    2: StallError,
-    3: ShutdownError,
-    4: DuplicateNameError,
-    5: CollectiveError,
-    6: CollectiveError,
-}
+def _classes_by_kind() -> dict[int, type[JaxcacheError]]:
+    """Each runtime error kind's class, as the runtime names it (xla_ext/common.h)."""
+    from . import protocol
+
+    classes = {cls.__name__: cls for cls in (MismatchError, StallError, ShutdownError,
+                                             DuplicateNameError, CollectiveError)}
+    by_kind = {}
+    for kind in protocol.ErrorKind:
+        if kind != protocol.ErrorKind.NONE:
+            by_kind[int(kind)] = classes[protocol.error_class_name(kind)]
+    return by_kind
+
+
+_by_kind: dict[int, type[JaxcacheError]] | None = None
+
+
+def error_class(kind: int) -> type[JaxcacheError]:
+    """The exception class of a runtime error kind."""
+    global _by_kind
+    if _by_kind is None:
+        _by_kind = _classes_by_kind()
+    return _by_kind[kind]
 
 
 def raise_for_status(kind: int, message: str) -> None:
     """Raises the exception class that matches a runtime status."""
     if kind:
-        raise _BY_KIND.get(kind, CollectiveError)(message)
+        raise error_class(kind)(message)

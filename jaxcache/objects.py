@@ -21,6 +21,7 @@ from . import runtime as _runtime
 from ._ext import ext
 from .errors import raise_for_status
 from .ops import eager, naming, validation
+from .protocol import Kind, NUMPY_DTYPES
 
 try:
     import cloudpickle as _pickler
@@ -38,8 +39,8 @@ def _name(name: str | None, kind: str, api: str) -> str:
 
 
 def _broadcast_bytes(name: str, buf: np.ndarray, root: int, process_set: int) -> None:
-    handle = ext.submit(eager.KIND_BROADCAST, name, [buf], [buf], 0, 1.0, 1.0, root,
-                        [eager.DTYPE_CODES[buf.dtype]], process_set=process_set)
+    handle = ext.submit(Kind.BROADCAST, name, [buf], [buf], 0, 1.0, 1.0, root,
+                        [NUMPY_DTYPES[buf.dtype]], process_set=process_set)
     status, message = eager.wait(handle, buf)
     raise_for_status(status, message)
 
@@ -66,7 +67,7 @@ def allgather(obj: Any, name: str | None, api: str, process_set=None) -> list:
     ps = process_sets.resolve(process_set, api)
     base = _name(name, "allgather_object", api)
     payload = np.frombuffer(_dumps(obj), np.uint8)
-    (data,), rows = eager.run_allocated(eager.KIND_ALLGATHER, base, [payload], ps.size,
+    (data,), rows = eager.run_allocated(Kind.ALLGATHER, base, [payload], ps.size,
                                         process_set=ps.id)
     out, offset = [], 0
     for n in rows:

@@ -16,12 +16,52 @@ std::size_t ElementSize(DType d) {
   return 0;
 }
 
+// NumPy's names (ml_dtypes' for bfloat16), which torch and TensorFlow share.
 const char* DTypeName(DType d) {
-  static const char* names[] = {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
-                                "uint32", "uint64", "float16", "bfloat16", "float32", "float64",
-                                "complex64", "complex128"};
-  auto i = static_cast<int>(d);
-  return i < kNumDTypes ? names[i] : "unknown";
+  switch (d) {
+    case DType::kBool: return "bool";
+    case DType::kInt8: return "int8";
+    case DType::kInt16: return "int16";
+    case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
+    case DType::kUInt8: return "uint8";
+    case DType::kUInt16: return "uint16";
+    case DType::kUInt32: return "uint32";
+    case DType::kUInt64: return "uint64";
+    case DType::kFloat16: return "float16";
+    case DType::kBFloat16: return "bfloat16";
+    case DType::kFloat32: return "float32";
+    case DType::kFloat64: return "float64";
+    case DType::kComplex64: return "complex64";
+    case DType::kComplex128: return "complex128";
+  }
+  return "unknown";
+}
+
+const char* ErrorKindName(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kNone: return "none";
+    case ErrorKind::kMismatch: return "mismatch";
+    case ErrorKind::kStall: return "stall";
+    case ErrorKind::kShutdown: return "shutdown";
+    case ErrorKind::kDuplicate: return "duplicate";
+    case ErrorKind::kInvalidArgument: return "invalid_argument";
+    case ErrorKind::kInternal: return "internal";
+  }
+  return "unknown";
+}
+
+const char* ErrorClassName(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kNone: return "";
+    case ErrorKind::kMismatch: return "MismatchError";
+    case ErrorKind::kStall: return "StallError";
+    case ErrorKind::kShutdown: return "ShutdownError";
+    case ErrorKind::kDuplicate: return "DuplicateNameError";
+    case ErrorKind::kInvalidArgument: return "CollectiveError";
+    case ErrorKind::kInternal: return "CollectiveError";
+  }
+  return "CollectiveError";
 }
 
 const char* ReduceOpName(ReduceOp op) {
@@ -58,11 +98,6 @@ const char* DeviceName(Device d) {
 
 bool IsComplex(DType d) { return d == DType::kComplex64 || d == DType::kComplex128; }
 
-bool IsFloating(DType d) {
-  return d == DType::kFloat16 || d == DType::kBFloat16 || d == DType::kFloat32 ||
-         d == DType::kFloat64 || IsComplex(d);
-}
-
 int64_t TensorSpec::NumElements() const {
   int64_t n = 1;
   for (int64_t s : shape) n *= s;
@@ -79,8 +114,16 @@ std::size_t ResultBytes(Kind kind, const TensorSpec& spec, int rank, int size) {
   switch (kind) {
     case Kind::kAllgather: return spec.NumBytes() * size;
     case Kind::kReducescatter: return ScatterRows(spec.Rows(), size, rank) * spec.RowBytes();
-    default: return spec.NumBytes();
+    case Kind::kAllreduce: case Kind::kBroadcast: case Kind::kAlltoall: return spec.NumBytes();
+    case Kind::kBarrier: case Kind::kJoin: return 0;
   }
+  return 0;
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
 }
 
 int64_t ScatterRows(int64_t rows, int size, int rank) {

@@ -15,19 +15,24 @@ enum class DType : uint8_t {
   kBool = 0, kInt8, kInt16, kInt32, kInt64, kUInt8, kUInt16, kUInt32, kUInt64,
   kFloat16, kBFloat16, kFloat32, kFloat64, kComplex64, kComplex128,
 };
+// The enumerator counts below let the bindings export every value by its name
+// (DTypeName etc.); extend them with the enum.
 constexpr int kNumDTypes = 15;
 
 // kAverage is a sum divided by the number of ranks that contribute (those that
 // have not joined, see join_state.h); the runtime applies the division.
 enum class ReduceOp : uint8_t { kSum = 0, kMin, kMax, kProd, kAverage };
+constexpr int kNumReduceOps = 5;
 // kBarrier and kJoin carry no tensors: their negotiation is the synchronization.
 enum class Kind : uint8_t {
   kAllreduce = 0, kBroadcast, kAllgather, kBarrier, kReducescatter, kAlltoall, kJoin,
 };
+constexpr int kNumKinds = 7;
 // Where the submitter's tensors live. The runtime always works on host memory
 // (the CUDA handlers stage through it), but the kind is part of the signature:
 // a CPU array on one rank against a GPU array on another is a user error.
 enum class Device : uint8_t { kCpu = 0, kCuda };
+constexpr int kNumDevices = 2;
 
 std::size_t ElementSize(DType dtype);
 const char* DTypeName(DType dtype);
@@ -39,13 +44,18 @@ inline ReduceOp Reduction(ReduceOp op) { return op == ReduceOp::kAverage ? Reduc
 // Rows of a first dimension of `rows` that reducescatter gives rank `rank`:
 // the first rows % size ranks get one more (Horovod's uneven split).
 int64_t ScatterRows(int64_t rows, int size, int rank);
-bool IsFloating(DType dtype);  // float or complex
+// "rank 3" or "ranks 1, 2", for messages.
+std::string RankList(const std::vector<int>& ranks);
 bool IsComplex(DType dtype);
 
-// Why a request failed; mapped to Python exception classes.
+// Why a request failed; each kind raises the Python exception class that
+// ErrorClassName names (jaxcache/errors.py defines the classes).
 enum class ErrorKind : uint8_t {
   kNone = 0, kMismatch, kStall, kShutdown, kDuplicate, kInvalidArgument, kInternal,
 };
+constexpr int kNumErrorKinds = 7;
+const char* ErrorKindName(ErrorKind kind);
+const char* ErrorClassName(ErrorKind kind);  // "" for kNone
 
 struct Status {
   ErrorKind kind = ErrorKind::kNone;

@@ -1,5 +1,5 @@
-// Runtime settings (parsed and validated by the Python layer from the
-// JAXCACHE_* environment variables; rank 0's values, synchronized at init)
+// Runtime settings (defined here; parsed and validated by the Python layer from
+// the JAXCACHE_* environment variables, rank 0's values synchronized at init)
 // and the counters behind jaxcache.stats().
 #pragma once
 
@@ -11,24 +11,59 @@
 
 namespace jaxcache {
 
+// How a setting's environment variable is read (jaxcache/config.py parses them).
+enum class SettingType : uint8_t {
+  kInt = 0, kFloat, kFlag,
+  kInvertedFlag,  // the variable turns the setting off (JAXCACHE_DISABLE_...)
+  kString,
+};
+constexpr int kNumSettingTypes = 5;
+// kAgreed: rank 0's value is used on every rank (it shapes the cycle, the MPI
+// calls or the timing, which must match everywhere); kLocal: each rank its own.
+enum class SettingScope : uint8_t { kAgreed = 0, kLocal };
+constexpr int kNumSettingScopes = 2;
+
+// Every runtime setting, once: field, C++ type, default, how it is read, its
+// environment variable, the smallest value accepted, its scope. The struct
+// below, the Python Config, the environment parser and the documentation
+// check are all generated from this list.
+#define JAXCACHE_SETTINGS(X)                                                                     \
+  X(cache_capacity, int64_t, 1024, kInt, "JAXCACHE_CACHE_CAPACITY", 0, kAgreed)                  \
+  /* minimum spacing of busy cycles */                                                           \
+  X(cycle_time_ms, double, 0.0, kFloat, "JAXCACHE_CYCLE_TIME", 0, kAgreed)                       \
+  /* bytes per fusion buffer */                                                                  \
+  X(fusion_threshold, int64_t, 64 << 20, kInt, "JAXCACHE_FUSION_THRESHOLD", 1, kAgreed)          \
+  /* tensors this large skip the fusion buffer */                                                \
+  X(direct_threshold, int64_t, 1 << 20, kInt, "JAXCACHE_DIRECT_THRESHOLD", 1, kAgreed)           \
+  /* fuse different responses together */                                                        \
+  X(group_fusion, bool, true, kInvertedFlag, "JAXCACHE_DISABLE_GROUP_FUSION", 0, kAgreed)        \
+  /* 0 disables warnings */                                                                      \
+  X(stall_check_s, double, 60.0, kFloat, "JAXCACHE_STALL_CHECK_TIME", 0, kAgreed)                \
+  /* 0 = never */                                                                                \
+  X(stall_shutdown_s, double, 0.0, kFloat, "JAXCACHE_STALL_SHUTDOWN_TIME", 0, kAgreed)           \
+  /* idle cycle period */                                                                        \
+  X(heartbeat_ms, double, 100.0, kFloat, "JAXCACHE_HEARTBEAT_MS", 1, kAgreed)                    \
+  /* only rank 0 writes the timeline */                                                          \
+  X(timeline_path, std::string, "", kString, "JAXCACHE_TIMELINE", 0, kLocal)                     \
+  X(timeline_mark_cycles, bool, false, kFlag, "JAXCACHE_TIMELINE_MARK_CYCLES", 0, kLocal)        \
+  /* largest element count of one MPI call */                                                    \
+  X(max_mpi_count, int64_t, INT_MAX, kInt, "JAXCACHE_MAX_MPI_COUNT", 1, kAgreed)                 \
+  /* allreduces and broadcasts move at most this many bytes per MPI call (0: no limit): a */     \
+  /* reduction of a few MiB runs from cache, one of 64 MiB from memory (docs/design.md) */       \
+  X(chunk_bytes, int64_t, 4 << 20, kInt, "JAXCACHE_CHUNK_BYTES", 0, kAgreed)                     \
+  /* how long shutdown() waits for the other ranks (read by Python) */                           \
+  X(shutdown_timeout_s, double, 30.0, kFloat, "JAXCACHE_SHUTDOWN_TIMEOUT", 0, kAgreed)           \
+  /* how long a submitter drives cycles itself */                                                \
+  X(inline_spin_us, double, 50.0, kFloat, "JAXCACHE_INLINE_SPIN_US", 0, kAgreed)                 \
+  /* test-only, see fault_injection.h */                                                         \
+  X(fault_inject, std::string, "", kString, "JAXCACHE_FAULT_INJECT", 0, kAgreed)                 \
+  /* the process's allocator, applied at import (jaxcache/allocator.py) */                       \
+  X(malloc_tuning, bool, true, kFlag, "JAXCACHE_MALLOC_TUNING", 0, kLocal)
+
 struct Config {
-  int64_t cache_capacity = 1024;
-  double cycle_time_ms = 0.0;           // minimum spacing of busy cycles
-  int64_t fusion_threshold = 64 << 20;  // bytes per fusion buffer
-  int64_t direct_threshold = 1 << 20;   // tensors this large skip the fusion buffer
-  bool group_fusion = true;             // fuse different responses together
-  double stall_check_s = 60.0;          // 0 disables warnings
-  double stall_shutdown_s = 0.0;        // 0 = never
-  double heartbeat_ms = 100.0;          // idle cycle period
-  int64_t max_mpi_count = INT_MAX;      // largest element count of one MPI call
-  // Allreduces and broadcasts move at most this many bytes per MPI call (0: no
-  // limit): a reduction of a few MiB runs from cache, one of 64 MiB from memory
-  // (measured 3x slower per byte on 2 ranks, docs/design.md).
-  int64_t chunk_bytes = 4 << 20;
-  double inline_spin_us = 50.0;         // how long a submitter drives cycles itself
-  std::string timeline_path;
-  bool timeline_mark_cycles = false;
-  std::string fault_inject;             // test-only, see fault_injection.h
+#define JAXCACHE_SETTING_FIELD(name, type, default_value, ...) type name = default_value;
+  JAXCACHE_SETTINGS(JAXCACHE_SETTING_FIELD)
+#undef JAXCACHE_SETTING_FIELD
 };
 
 struct Stats {

@@ -11,12 +11,6 @@ double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 inline void SetBit(uint64_t* v, std::size_t b) { v[b / 64] |= 1ull << (b % 64); }
 inline bool GetBit(const uint64_t* v, std::size_t b) { return (v[b / 64] >> (b % 64)) & 1; }
 
-std::string RankList(const std::vector<int>& ranks) {
-  std::ostringstream s;
-  s << (ranks.size() == 1 ? "rank " : "ranks ");
-  for (std::size_t i = 0; i < ranks.size(); ++i) s << (i ? ", " : "") << ranks[i];
-  return s.str();
-}
 
 // A local failure inside a protocol step: recorded, never thrown past the
 // step, so this rank still makes every MPI call its peers make.
@@ -428,6 +422,7 @@ Task<> Controller::Shutdown(bool forced, bool requested_here, CycleOutcome* out)
     std::vector<int> missing;
     for (int r = 0; r < comm_.size(); ++r)
       if (!requested[r]) missing.push_back(r);
+    out->never_asked = missing;
     message = "jaxcache: the runtime was shut down: " +
               (missing.empty() ? std::string("a rank stopped waiting for the others")
                                : RankList(missing) + " never called shutdown() within "

@@ -44,10 +44,13 @@ namespace jaxcache {
 
 struct CycleOutcome {
   std::vector<Request*> done;  // reduced inside the cycle's allreduce: complete them
-  std::vector<Request*> work;  // decided: execute in this order, on every rank
+  // Decided: execute on every rank in the same order (Operations runs the
+  // allreduces first, fused, then the others in this order).
+  std::vector<Request*> work;
   std::vector<std::pair<Request*, Status>> failed;
   bool shutdown = false;
   Status shutdown_status;
+  std::vector<int> never_asked;  // a forced shutdown: the ranks that never requested it
   bool progress = false;  // something was decided this cycle
 };
 

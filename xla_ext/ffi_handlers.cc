@@ -40,15 +40,10 @@ std::optional<DType> FromXla(ffi::DataType t) {
   }
 }
 
-// Prefix that lets Python map the XLA error back to an exception class.
-const char* ErrorPrefix(ErrorKind kind) {
-  switch (kind) {
-    case ErrorKind::kMismatch: return "jaxcache.MismatchError: ";
-    case ErrorKind::kStall: return "jaxcache.StallError: ";
-    case ErrorKind::kShutdown: return "jaxcache.ShutdownError: ";
-    case ErrorKind::kDuplicate: return "jaxcache.DuplicateNameError: ";
-    default: return "jaxcache.CollectiveError: ";
-  }
+// XLA reports a failed custom call as its own exception type; the message
+// starts with the class an eager call would raise, for the reader.
+std::string ErrorPrefix(ErrorKind kind) {
+  return std::string("jaxcache.") + (kind == ErrorKind::kNone ? "CollectiveError" : ErrorClassName(kind)) + ": ";
 }
 
 ffi::Future Failed(const Status& status) {
@@ -56,22 +51,6 @@ ffi::Future Failed(const Status& status) {
   ffi::Future future(promise);
   promise.SetError(ToFfiError(status, ffi::ErrorCode::kFailedPrecondition));
   return future;
-}
-
-// What a program traced for one world size must not do on another.
-std::string CheckWorld(const std::string& name, int64_t traced_size, int size, int32_t set) {
-  if (traced_size == size) return "";
-  std::string where = set == 0 ? "the runtime now has " : "process set " + std::to_string(set) + " now has ";
-  return "jaxcache: collective '" + name + "' was traced for " + std::to_string(traced_size) +
-         " ranks but " + where + std::to_string(size) +
-         " (jaxcache.init() or add_process_set() was called again since); trace the function "
-         "again, e.g. after jax.clear_caches()";
-}
-
-std::string NotAMember(int64_t set, int rank) {
-  return "jaxcache: process set " + std::to_string(set) +
-         " is not registered on rank " + std::to_string(rank) +
-         " (it was removed, or this rank is not a member)";
 }
 
 // Hands the request to the runtime; XLA:CPU resumes dependent work when the
@@ -143,61 +122,43 @@ std::string InstanceName(std::string_view name, int64_t program) {
 
 PreparedRequest PrepareRequest(const CollectiveCall& call, const CallSite& site, Device device,
                                ffi::RemainingArgs args, ffi::RemainingRets rets) {
-  PreparedRequest p;
-  const std::string& name = site.name;
-  auto fail = [&p](ErrorKind kind, std::string message) {
-    p.status = Status::Error(kind, std::move(message));
-    p.request.reset();
-    return std::move(p);
-  };
-  p.runtime = Runtime::Current();
-  if (!p.runtime || !p.runtime->running())
-    return fail(ErrorKind::kShutdown,
-                "jaxcache is not initialized (call jaxcache.init() first) or has been shut "
-                "down; collective '" + name + "' cannot run");
-  auto set = p.runtime->Set(call.process_set);
-  if (!set) return fail(ErrorKind::kInvalidArgument, NotAMember(call.process_set, p.runtime->comm().rank()) +
-                                                         "; collective '" + name + "' cannot run");
-  const int size = set->comm().size();
-  std::string wrong_world = CheckWorld(name, call.world_size, size, call.process_set);
-  if (!wrong_world.empty()) return fail(ErrorKind::kInvalidArgument, wrong_world);
-  if (args.size() != rets.size())
-    return fail(ErrorKind::kInvalidArgument, "jaxcache: operand/result count mismatch in '" + name + "'");
-  auto req = std::make_unique<Request>();
-  req->name = name;
-  req->process_set = call.process_set;
-  req->sig.kind = call.kind;
-  req->sig.op = call.op;
-  req->sig.prescale = call.prescale;
-  req->sig.postscale = call.postscale;
-  req->sig.root = call.root;
-  req->sig.device = device;
+  Submission s;
+  s.name = site.name;
+  s.process_set = call.process_set;
+  s.world_size = call.world_size;
+  s.sig.kind = call.kind;
+  s.sig.op = call.op;
+  s.sig.prescale = call.prescale;
+  s.sig.postscale = call.postscale;
+  s.sig.root = call.root;
+  s.sig.device = device;
   // XLA's result buffers are sized for equal shapes (blocks) on every rank.
-  req->sig.static_shapes = call.kind == Kind::kAllgather || call.kind == Kind::kAlltoall;
+  s.sig.static_shapes = call.kind == Kind::kAllgather || call.kind == Kind::kAlltoall;
+  auto fail = [&](std::string message) {
+    PreparedRequest p;
+    p.status = Status::Error(ErrorKind::kInvalidArgument, std::move(message));
+    return p;
+  };
+  if (args.size() != rets.size())
+    return fail("jaxcache: operand/result count mismatch in '" + s.name + "'");
   for (std::size_t i = 0; i < args.size(); ++i) {
     auto in = args.get<ffi::AnyBuffer>(i);
     auto out = rets.get<ffi::AnyBuffer>(i);
-    if (!in.has_value() || !out.has_value())
-      return fail(ErrorKind::kInvalidArgument, "jaxcache: bad buffer in '" + name + "'");
+    if (!in.has_value() || !out.has_value()) return fail("jaxcache: bad buffer in '" + s.name + "'");
     auto dtype = FromXla(in->element_type());
-    if (!dtype)
-      return fail(ErrorKind::kInvalidArgument, "jaxcache: unsupported dtype in collective '" + name + "'");
+    if (!dtype) return fail("jaxcache: unsupported dtype in collective '" + s.name + "'");
+    if ((*out)->element_type() != in->element_type())
+      return fail("jaxcache: result " + std::to_string(i) + " of '" + s.name + "' has another dtype than its operand");
     TensorSpec spec;
     spec.dtype = *dtype;
     auto dims = in->dimensions();
     spec.shape.assign(dims.begin(), dims.end());
-    const std::size_t want = ResultBytes(call.kind, spec, set->comm().rank(), size);
-    if ((*out)->size_bytes() != want || (*out)->element_type() != in->element_type())
-      return fail(ErrorKind::kInvalidArgument,
-                  "jaxcache: result " + std::to_string(i) + " of '" + name + "' has " +
-                      std::to_string((*out)->size_bytes()) + " bytes but the collective writes " +
-                      std::to_string(want));
-    req->sig.tensors.push_back(std::move(spec));
-    req->inputs.push_back(in->untyped_data());
-    req->outputs.push_back((*out)->untyped_data());
+    s.sig.tensors.push_back(std::move(spec));
+    s.inputs.push_back(in->untyped_data());
+    s.outputs.push_back((*out)->untyped_data());
+    s.output_bytes.push_back((*out)->size_bytes());
   }
-  p.request = std::move(req);
-  return p;
+  return MakeRequest(std::move(s));
 }
 
 ffi::Error ToFfiError(const Status& status, ffi::ErrorCode code) {
@@ -207,14 +168,15 @@ ffi::Error ToFfiError(const Status& status, ffi::ErrorCode code) {
 ffi::ErrorOr<int32_t> RunningRank(int64_t process_set) {
   auto runtime = Runtime::Current();
   if (!runtime || !runtime->running())
-    return ffi::Unexpected<ffi::Error>(ffi::Error(
-        ffi::ErrorCode::kFailedPrecondition,
-        "jaxcache.ShutdownError: jaxcache is not initialized (call jaxcache.init())"));
+    return ffi::Unexpected<ffi::Error>(ToFfiError(
+        Status::Error(ErrorKind::kShutdown, "jaxcache is not initialized (call jaxcache.init())"),
+        ffi::ErrorCode::kFailedPrecondition));
   auto set = runtime->Set(static_cast<int32_t>(process_set));
   if (!set)
-    return ffi::Unexpected<ffi::Error>(ffi::Error(
-        ffi::ErrorCode::kFailedPrecondition,
-        "jaxcache.CollectiveError: " + NotAMember(process_set, runtime->comm().rank())));
+    return ffi::Unexpected<ffi::Error>(ToFfiError(
+        Status::Error(ErrorKind::kInvalidArgument,
+                      NotAMember(static_cast<int32_t>(process_set), runtime->comm().rank())),
+        ffi::ErrorCode::kFailedPrecondition));
   return set->comm().rank();
 }
 

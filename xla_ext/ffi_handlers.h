@@ -14,6 +14,7 @@
 
 #include "common.h"
 #include "request.h"
+#include "submission.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcache {
@@ -78,14 +79,9 @@ struct CollectiveCall {
   int32_t root = 0;
 };
 
-// One execution checked against the running runtime: its request over XLA's
-// buffers (host or device addresses, as `device` says; the caller decides
-// what the runtime gets to touch), or, when `request` is null, why not.
-struct PreparedRequest {
-  std::shared_ptr<Runtime> runtime;
-  RequestPtr request;
-  Status status;
-};
+// One execution checked against the running runtime (MakeRequest): its
+// request over XLA's buffers (host or device addresses, as `device` says; the
+// caller decides what the runtime gets to touch), or, when `request` is null, why not.
 PreparedRequest PrepareRequest(const CollectiveCall& call, const CallSite& site, Device device,
                                xla::ffi::RemainingArgs args, xla::ffi::RemainingRets rets);
 

@@ -73,9 +73,15 @@ Status JoinState::Conflict(const std::string& name, const Signature& sig,
                      " joined: its result is sized for every rank's rows (under jit, or with "
                      "preallocated outputs) but joined ranks contribute none; gather eagerly");
       return Status::Ok();
-    default:
+    // A joined rank contributes the identity (allreduce, reducescatter) or
+    // nothing to wait for (barrier, join).
+    case Kind::kAllreduce:
+    case Kind::kReducescatter:
+    case Kind::kBarrier:
+    case Kind::kJoin:
       return Status::Ok();
   }
+  return Status::Ok();
 }
 
 std::shared_ptr<const Agreement> JoinState::WithoutJoined(
@@ -116,9 +122,17 @@ Request* JoinState::StandIn(const std::string& name, const Signature& sig) {
         req.outputs.push_back(s.buffers.back().data.get());
         break;
       }
-      default:  // allgather: no rows in, the executor allocates the output
+      case Kind::kAllgather:  // no rows in, the executor allocates the output
         req.inputs.push_back(nullptr);
         req.outputs.push_back(nullptr);
+        break;
+      // Refused while ranks have joined (CheckJoined), or tensorless.
+      case Kind::kAlltoall:
+      case Kind::kBarrier:
+      case Kind::kJoin:
+        req.inputs.push_back(nullptr);
+        req.outputs.push_back(nullptr);
+        break;
     }
   }
   if (sig.kind == Kind::kAllgather) req.store = std::make_shared<OutputStore>();

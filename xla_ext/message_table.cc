@@ -251,9 +251,11 @@ Response MessageTable::Decide(const std::string& name, uint64_t seq,
         resp.agreement = std::move(agreement);
         return st;
       }
-      default:
+      case Kind::kBarrier:
+      case Kind::kJoin:
         return CheckTensors(c, false);
     }
+    return CheckTensors(c, false);
   };
   resp.status = decide();
   if (!resp.status.ok()) resp.agreement = nullptr;

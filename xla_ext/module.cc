@@ -21,6 +21,8 @@
 #include "allocator.h"
 #include "comm.h"
 #include "ffi_handlers.h"
+#include "protocol_bindings.h"
+#include "submission.h"
 #include "runtime.h"
 #ifdef JAXCACHE_WITH_CUDA
 #include "cuda_handlers.h"
@@ -143,12 +145,22 @@ std::shared_ptr<ProcessSet> SetOf(const Runtime& rt, int32_t id) {
   return set;
 }
 
-std::shared_ptr<Handle> Track(RequestPtr req, std::shared_ptr<Runtime> rt) {
+// Submits `s` with a handle for its outcome; a submission the runtime refuses
+// gives a handle that has failed already (its wait() returns why).
+std::shared_ptr<Handle> Track(Submission s, bool join_value = false) {
   auto handle = std::make_shared<Handle>();
+  PreparedRequest p = MakeRequest(std::move(s));
+  if (!p.request) {
+    handle->Finish(p.status);
+    return handle;
+  }
+  RequestPtr req = std::move(p.request);
+  if (join_value) req->outputs.push_back(&handle->value);  // the handle outlives the request
+  handle->store = req->store;
   req->done = Completion([handle](const Status& st) { handle->Finish(st); }, /*cheap=*/true);
   const bool drive = req->sig.NumBytes() <= kInlineBytes;
   nb::gil_scoped_release release;  // driving may wait for the other ranks a little
-  rt->Submit(std::move(req), drive);
+  p.runtime->Submit(std::move(req), drive);
   return handle;
 }
 
@@ -161,32 +173,45 @@ TensorSpec Spec(const InArray& a, const std::vector<int>& dtype_codes, std::size
   return spec;
 }
 
+// Codes from Python are the exported enums' values (jaxcache.protocol); anything
+// else is refused before a request exists.
+template <typename E>
+E Checked(int code, int count, const char* what) {
+  if (code < 0 || code >= count)
+    throw std::invalid_argument(std::string("jaxcache: unknown ") + what + " " + std::to_string(code));
+  return static_cast<E>(code);
+}
+
+Submission FromArrays(int kind, const std::string& name, const std::vector<InArray>& inputs,
+                      const std::vector<int>& dtype_codes, bool refuse_if_in_flight, int device,
+                      int32_t process_set, int64_t world_size) {
+  Submission s;
+  s.name = name;
+  s.process_set = process_set;
+  s.world_size = world_size;
+  s.sig.kind = Checked<Kind>(kind, kNumKinds, "collective kind");
+  // The buffers are host memory (a bridge staged device tensors already);
+  // the device kind only has to agree across ranks.
+  s.sig.device = Checked<Device>(device, kNumDevices, "device kind");
+  s.refuse_if_in_flight = refuse_if_in_flight;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    s.sig.tensors.push_back(Spec(inputs[i], dtype_codes, i));
+    s.inputs.push_back(inputs[i].data());
+  }
+  return s;
+}
+
 // An allgather or alltoall whose outputs the executor allocates once the ranks
 // have agreed on their sizes; read them with Handle.results().
 std::shared_ptr<Handle> SubmitAllocated(int kind, const std::string& name, std::vector<InArray> inputs,
                                         std::vector<int64_t> splits, std::vector<int> dtype_codes,
-                                        bool refuse_if_in_flight, int device, int32_t process_set) {
-  if (kind != int(Kind::kAllgather) && kind != int(Kind::kAlltoall))
-    throw std::invalid_argument("jaxcache: only allgather and alltoall allocate their outputs");
-  auto rt = Running();
-  SetOf(*rt, process_set);
-  auto req = std::make_unique<Request>();
-  req->name = name;
-  req->process_set = process_set;
-  req->sig.kind = static_cast<Kind>(kind);
-  req->sig.device = static_cast<Device>(device);
-  req->sig.splits = std::move(splits);
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    req->sig.tensors.push_back(Spec(inputs[i], dtype_codes, i));
-    req->inputs.push_back(inputs[i].data());
-    req->outputs.push_back(nullptr);
-  }
-  req->store = std::make_shared<OutputStore>();
-  req->refuse_if_in_flight = refuse_if_in_flight;
-  auto store = req->store;
-  auto handle = Track(std::move(req), std::move(rt));
-  handle->store = std::move(store);
-  return handle;
+                                        bool refuse_if_in_flight, int device, int32_t process_set,
+                                        int64_t world_size) {
+  Submission s = FromArrays(kind, name, inputs, dtype_codes, refuse_if_in_flight, device,
+                            process_set, world_size);
+  s.sig.splits = std::move(splits);
+  s.allocate_outputs = true;
+  return Track(std::move(s));
 }
 
 // The executor's outputs as (bytes, shape) pairs; the arrays keep them alive.
@@ -207,60 +232,20 @@ std::shared_ptr<Handle> SubmitArrays(int kind, const std::string& name,
                                      std::vector<InArray> inputs, std::vector<OutArray> outputs,
                                      int op, double prescale, double postscale, int root,
                                      std::vector<int> dtype_codes, bool refuse_if_in_flight,
-                                     int device, int32_t process_set) {
-  if (inputs.size() != outputs.size())
-    throw std::invalid_argument("jaxcache: inputs and outputs differ in number");
-  if (device != int(Device::kCpu) && device != int(Device::kCuda))
-    throw std::invalid_argument("jaxcache: unknown device kind " + std::to_string(device));
-  auto rt = Running();
-  const Comm& comm = SetOf(*rt, process_set)->comm();
-  auto req = std::make_unique<Request>();
-  req->name = name;
-  req->process_set = process_set;
-  req->sig.kind = static_cast<Kind>(kind);
-  req->sig.op = static_cast<ReduceOp>(op);
-  req->sig.prescale = prescale;
-  req->sig.postscale = postscale;
-  req->sig.root = root;
-  // The buffers are host memory (a bridge staged device tensors already);
-  // the device kind only has to agree across ranks.
-  req->sig.device = static_cast<Device>(device);
+                                     int device, int32_t process_set, int64_t world_size) {
+  Submission s = FromArrays(kind, name, inputs, dtype_codes, refuse_if_in_flight, device,
+                            process_set, world_size);
+  s.sig.op = Checked<ReduceOp>(op, kNumReduceOps, "reduce op");
+  s.sig.prescale = prescale;
+  s.sig.postscale = postscale;
+  s.sig.root = root;
   // Caller-sized outputs: the ranks must agree on equal shapes (blocks).
-  req->sig.static_shapes = kind == int(Kind::kAllgather) || kind == int(Kind::kAlltoall);
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    TensorSpec spec = Spec(inputs[i], dtype_codes, i);
-    if (outputs[i].size() * outputs[i].itemsize() !=
-        ResultBytes(req->sig.kind, spec, comm.rank(), comm.size()))
-      throw std::invalid_argument("jaxcache: output " + std::to_string(i) + " of '" + name +
-                                  "' has the wrong number of bytes");
-    req->sig.tensors.push_back(std::move(spec));
-    req->inputs.push_back(inputs[i].data());
-    req->outputs.push_back(outputs[i].data());
+  s.sig.static_shapes = s.sig.kind == Kind::kAllgather || s.sig.kind == Kind::kAlltoall;
+  for (auto& o : outputs) {
+    s.outputs.push_back(o.data());
+    s.output_bytes.push_back(o.size() * o.itemsize());
   }
-  req->refuse_if_in_flight = refuse_if_in_flight;
-  return Track(std::move(req), std::move(rt));
-}
-
-Config ConfigFromDict(const nb::dict& d) {
-  Config c;
-  auto get = [&](const char* key) -> nb::handle {
-    return d.contains(key) ? nb::handle(d[key]) : nb::handle();
-  };
-  if (auto v = get("cache_capacity")) c.cache_capacity = nb::cast<int64_t>(v);
-  if (auto v = get("cycle_time_ms")) c.cycle_time_ms = nb::cast<double>(v);
-  if (auto v = get("fusion_threshold")) c.fusion_threshold = nb::cast<int64_t>(v);
-  if (auto v = get("direct_threshold")) c.direct_threshold = nb::cast<int64_t>(v);
-  if (auto v = get("group_fusion")) c.group_fusion = nb::cast<bool>(v);
-  if (auto v = get("stall_check_s")) c.stall_check_s = nb::cast<double>(v);
-  if (auto v = get("stall_shutdown_s")) c.stall_shutdown_s = nb::cast<double>(v);
-  if (auto v = get("heartbeat_ms")) c.heartbeat_ms = nb::cast<double>(v);
-  if (auto v = get("timeline_path")) c.timeline_path = nb::cast<std::string>(v);
-  if (auto v = get("timeline_mark_cycles")) c.timeline_mark_cycles = nb::cast<bool>(v);
-  if (auto v = get("max_mpi_count")) c.max_mpi_count = nb::cast<int64_t>(v);
-  if (auto v = get("chunk_bytes")) c.chunk_bytes = nb::cast<int64_t>(v);
-  if (auto v = get("inline_spin_us")) c.inline_spin_us = nb::cast<double>(v);
-  if (auto v = get("fault_inject")) c.fault_inject = nb::cast<std::string>(v);
-  return c;
+  return Track(std::move(s));
 }
 
 template <typename T>
@@ -272,6 +257,7 @@ nb::capsule Capsule(T* fn) {
 
 NB_MODULE(_jaxcache_ext, m) {
   m.doc() = "jaxcache C++ runtime";
+  BindProtocol(m);
   // Handles held by module globals (or in flight at exit) outlive nanobind's
   // shutdown check; that is expected, not a reference-counting bug.
   nb::set_leak_warnings(false);
@@ -407,28 +393,21 @@ NB_MODULE(_jaxcache_ext, m) {
   m.def(
       "barrier",
       [](const std::string& name, int32_t process_set) {
-        auto rt = Running();
-        SetOf(*rt, process_set);
-        auto req = std::make_unique<Request>();
-        req->name = name;
-        req->process_set = process_set;
-        req->sig.kind = Kind::kBarrier;
-        return Track(std::move(req), std::move(rt));
+        Submission s;
+        s.name = name;
+        s.process_set = process_set;
+        s.sig.kind = Kind::kBarrier;
+        return Track(std::move(s));
       },
       nb::arg("name"), nb::arg("process_set") = 0);
 
   m.def(
       "join",
       [](const std::string& name) {
-        auto rt = Running();
-        auto req = std::make_unique<Request>();
-        req->name = name;
-        req->sig.kind = Kind::kJoin;
-        auto handle = std::make_shared<Handle>();
-        req->outputs.push_back(&handle->value);  // the handle outlives the request
-        req->done = Completion([handle](const Status& st) { handle->Finish(st); }, /*cheap=*/true);
-        rt->Submit(std::move(req));
-        return handle;
+        Submission s;
+        s.name = name;
+        s.sig.kind = Kind::kJoin;
+        return Track(std::move(s), /*join_value=*/true);
       },
       nb::arg("name"));
 
@@ -449,9 +428,9 @@ NB_MODULE(_jaxcache_ext, m) {
         nb::arg("outputs").noconvert(), nb::arg("op") = 0, nb::arg("prescale") = 1.0,
         nb::arg("postscale") = 1.0, nb::arg("root") = 0,
         nb::arg("dtype_codes") = std::vector<int>(), nb::arg("refuse_if_in_flight") = false,
-        nb::arg("device") = 0, nb::arg("process_set") = 0);
+        nb::arg("device") = 0, nb::arg("process_set") = 0, nb::arg("world_size") = -1);
   m.def("submit_allocated", &SubmitAllocated, nb::arg("kind"), nb::arg("name"),
         nb::arg("inputs").noconvert(), nb::arg("splits") = std::vector<int64_t>(),
         nb::arg("dtype_codes") = std::vector<int>(), nb::arg("refuse_if_in_flight") = false,
-        nb::arg("device") = 0, nb::arg("process_set") = 0);
+        nb::arg("device") = 0, nb::arg("process_set") = 0, nb::arg("world_size") = -1);
 }

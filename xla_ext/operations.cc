@@ -17,17 +17,15 @@ namespace {
 // Small tensors that may share one fusion buffer: same dtype, op and scales.
 using FusionKey = std::tuple<DType, ReduceOp, double, double>;
 
-// Tensors already in their result buffer are reduced directly from this size
-// (measured, 100 donated 1 MB tensors at 2 ranks: 1.43x -> 1.27x of per-tensor
-// MPI than through the fusion buffer).
+// Tensors already in their result buffer are reduced directly from this size,
+// not through the fusion buffer (measured: benchmarks/README.md, "The runtime's
+// constants").
 constexpr int64_t kInPlaceDirectBytes = 512 << 10;
 
 // Reducescatters run as pairwise exchanges (PairwiseReducescatter) on up to
 // this many ranks at any size, and on more from this many bytes (MPICH's own
-// crossover to pairwise exchange). Measured against MPI_Ireduce_scatter_block
-// (benchmarks/collectives.py, jit, float32): at 2 ranks 64 KiB 19.9 -> 13.8 us,
-// 1 MB 219 -> 63 us, 16 MB 2.9 -> 1.4 ms, 64 MB (MPICH's temporary buffer
-// faulted in every call) 21 -> 9 ms; at 3 ranks on 2 cores 16 KiB 93 -> 32 us.
+// crossover to pairwise exchange); faster than MPI_Ireduce_scatter_block at
+// every size measured (benchmarks/README.md, "The runtime's constants").
 constexpr int kPairwiseReducescatterRanks = 4;
 constexpr int64_t kPairwiseReducescatterBytes = 512 << 10;
 
@@ -38,8 +36,11 @@ const char* MpiPhase(Kind kind) {
     case Kind::kAllgather: return "MPI_ALLGATHER";
     case Kind::kReducescatter: return "MPI_REDUCESCATTER";
     case Kind::kAlltoall: return "MPI_ALLTOALL";
-    default: return nullptr;
+    case Kind::kAllreduce: return "MPI_ALLREDUCE";
+    // The negotiation was the synchronization.
+    case Kind::kBarrier: case Kind::kJoin: return nullptr;
   }
+  return nullptr;
 }
 
 // Result buffers fresh from XLA's allocator are first touched by the copy into
@@ -136,8 +137,11 @@ Task<std::string> Operations::Execute(const std::vector<Request*>& work, Complet
             case Kind::kBroadcast: return BroadcastTensor(t, k);
             case Kind::kAllgather: return AllgatherTensor(t, k);
             case Kind::kReducescatter: return ReducescatterTensor(t, k);
-            default: return AlltoallTensor(t, k);
+            case Kind::kAlltoall: return AlltoallTensor(t, k);
+            // Allreduces ran above; barriers and joins have no MPI phase.
+            case Kind::kAllreduce: case Kind::kBarrier: case Kind::kJoin: break;
           }
+          throw std::logic_error(std::string("jaxcache: no MPI step for a ") + KindName(sig.kind));
         });
       timeline_.End(t.request->name, phase);
     }

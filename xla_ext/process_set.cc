@@ -78,14 +78,10 @@ Task<> ProcessSet::RunCycle(CycleIntent intent) {
         ErrorKind::kShutdown, "jaxcache: process set " + std::to_string(id_) +
                                   " was removed (remove_process_set()); collectives in it can no "
                                   "longer complete");
-    const std::string& why = out.shutdown_status.message;
-    auto at = why.find(" never called shutdown()");
-    if (at != std::string::npos) {  // forced: name the members that never asked
-      auto from = why.find(": ") + 2;
-      removed.message += "; the set's " + why.substr(from, at - from) +
+    if (!out.never_asked.empty())  // forced: name the members that never asked
+      removed.message += "; the set's " + RankList(out.never_asked) +
                          " never called remove_process_set() within JAXCACHE_SHUTDOWN_TIMEOUT" +
                          controller_->scope();
-    }
     out.shutdown_status = removed;
     for (auto& [req, st] : out.failed)
       if (st.kind == ErrorKind::kShutdown) st = removed;
@@ -106,6 +102,7 @@ Task<> ProcessSet::RunCycle(CycleIntent intent) {
     {
       std::lock_guard<std::mutex> lock(closing_mu_);
       closing_message_ = message;
+      closed_without_ = out.never_asked;
     }
     stopped_ = true;
   }
@@ -114,6 +111,11 @@ Task<> ProcessSet::RunCycle(CycleIntent intent) {
 std::string ProcessSet::closing_message() const {
   std::lock_guard<std::mutex> lock(closing_mu_);
   return closing_message_;
+}
+
+std::vector<int> ProcessSet::closed_without() const {
+  std::lock_guard<std::mutex> lock(closing_mu_);
+  return closed_without_;
 }
 
 }  // namespace jaxcache

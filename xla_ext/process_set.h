@@ -60,6 +60,8 @@ class ProcessSet {
   bool stopped() const { return stopped_; }
   // Why it stopped.
   std::string closing_message() const;
+  // The members that never asked for the stop that closed the set (forced).
+  std::vector<int> closed_without() const;
   // Removal asked here (remove_process_set); with `forced`, stop without the
   // members that have not asked.
   std::atomic<bool> remove_requested{false}, remove_forced{false};
@@ -85,6 +87,7 @@ class ProcessSet {
   std::atomic<bool> stopped_{false};
   mutable std::mutex closing_mu_;
   std::string closing_message_;
+  std::vector<int> closed_without_;
 };
 
 }  // namespace jaxcache

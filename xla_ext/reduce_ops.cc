@@ -121,7 +121,9 @@ void ReduceArray(const void* in, void* inout, int64_t n) {
 template <typename T>
 void ReduceTyped(ReduceOp op, const void* in, void* inout, int64_t n) {
   switch (op) {
-    case ReduceOp::kSum: return ReduceArray<T, ReduceOp::kSum>(in, inout, n);
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage:  // reduces as a sum; the division comes after (Reduction())
+      return ReduceArray<T, ReduceOp::kSum>(in, inout, n);
     case ReduceOp::kProd: return ReduceArray<T, ReduceOp::kProd>(in, inout, n);
     case ReduceOp::kMin: return ReduceArray<T, ReduceOp::kMin>(in, inout, n);
     case ReduceOp::kMax: return ReduceArray<T, ReduceOp::kMax>(in, inout, n);
@@ -132,7 +134,7 @@ template <typename T>
 void ReduceComplex(ReduceOp op, const void* in, void* inout, int64_t n) {
   auto* a = static_cast<const std::complex<T>*>(in);
   auto* b = static_cast<std::complex<T>*>(inout);
-  if (op == ReduceOp::kSum) {
+  if (op == ReduceOp::kSum || op == ReduceOp::kAverage) {
     ReduceArray<T, ReduceOp::kSum>(in, inout, 2 * n);
   } else {  // prod (min/max are refused for complex upstream)
     for (int64_t i = 0; i < n; ++i) b[i] = a[i] * b[i];
@@ -231,7 +233,9 @@ void ReduceHalf(bool bf16, ReduceOp op, const void* in, void* inout, int64_t n) 
   auto* a = static_cast<const uint16_t*>(in);
   auto* b = static_cast<uint16_t*>(inout);
   switch (op) {
-    case ReduceOp::kSum: return ReduceHalfBlocks<ReduceOp::kSum>(bf16, a, b, n);
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage:  // reduces as a sum (Reduction())
+      return ReduceHalfBlocks<ReduceOp::kSum>(bf16, a, b, n);
     case ReduceOp::kProd: return ReduceHalfBlocks<ReduceOp::kProd>(bf16, a, b, n);
     case ReduceOp::kMin: return ReduceHalfBlocks<ReduceOp::kMin>(bf16, a, b, n);
     case ReduceOp::kMax: return ReduceHalfBlocks<ReduceOp::kMax>(bf16, a, b, n);
@@ -419,8 +423,12 @@ void Scale(const void* in, void* out, int64_t n, DType d, double factor) {
     case DType::kComplex128: return ScaleReal<double>(in, out, 2 * n, factor);
     case DType::kFloat16: return ScaleHalf(false, in, out, n, factor);
     case DType::kBFloat16: return ScaleHalf(true, in, out, n, factor);
-    default:
-      if (in != out) std::memcpy(out, in, n * ElementSize(d));  // validated upstream
+    // Scales other than 1 are refused for integers and bools upstream.
+    case DType::kBool: case DType::kInt8: case DType::kInt16: case DType::kInt32:
+    case DType::kInt64: case DType::kUInt8: case DType::kUInt16: case DType::kUInt32:
+    case DType::kUInt64:
+      if (in != out) std::memcpy(out, in, n * ElementSize(d));
+      return;
   }
 }
 

@@ -21,8 +21,8 @@ std::shared_ptr<Runtime> current;
 using std::chrono::microseconds;
 constexpr microseconds kMinBackoff{20};
 // Sleeps between polls grow to this, then to a tenth of the time waited. Kept
-// short: with more ranks than cores a descheduled peer answers ~1 ms late, and a
-// 1 ms cap tripled eager latency at 3 ranks on 2 cores (docs/control_plane.md).
+// short: with more ranks than cores a descheduled peer answers ~1 ms late
+// (a longer cap: benchmarks/README.md, "The runtime's constants").
 constexpr microseconds kBusyMaxBackoff{100};
 constexpr microseconds kLongMaxBackoff{20000};
 // A rank waiting for its peers first polls for this long (yielding the core
@@ -173,7 +173,7 @@ std::string Runtime::RemoveProcessSet(int32_t id, double timeout_s) {
   }
   std::lock_guard<std::mutex> lock(sets_mu_);
   sets_.erase(id);
-  return set->closing_message().find("never called") != std::string::npos ? set->closing_message() : "";
+  return set->closed_without().empty() ? "" : set->closing_message();
 }
 
 std::string Runtime::Stop(double timeout_s) {

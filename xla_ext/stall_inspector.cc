@@ -9,12 +9,6 @@ namespace jaxcache {
 namespace {
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-std::string RankList(const std::vector<int>& ranks) {
-  std::ostringstream s;
-  s << (ranks.size() == 1 ? "rank " : "ranks ");
-  for (std::size_t i = 0; i < ranks.size(); ++i) s << (i ? ", " : "") << ranks[i];
-  return s.str();
-}
 }  // namespace
 
 bool StallInspector::WantsReport(Clock::time_point oldest, Clock::time_point now) const {

@@ -8,7 +8,7 @@ from mpi4py import MPI
 from .. import runtime as _runtime
 from .._ext import ext
 from ..errors import JaxcacheError, raise_for_status
-from ..ops.eager import DTYPE_CODES, KIND_ALLGATHER
+from ..protocol import NUMPY_DTYPES, Kind
 from ..process_sets import ProcessSet as _ProcessSet
 
 HorovodInternalError = JaxcacheError  # what Horovod code catches around collectives
@@ -87,8 +87,8 @@ def _learn_topology() -> None:
     size = _runtime.size()
     mine = np.array([_runtime.local_rank(), _runtime.local_size()], np.int64)
     out = np.empty(2 * size, np.int64)
-    handle = ext.submit(KIND_ALLGATHER, "jaxcache.init/topology", [mine], [out], 0, 1.0, 1.0, 0,
-                        [DTYPE_CODES[np.dtype(np.int64)]])
+    handle = ext.submit(Kind.ALLGATHER, "jaxcache.init/topology", [mine], [out], 0, 1.0, 1.0, 0,
+                        [NUMPY_DTYPES[np.dtype(np.int64)]])
     raise_for_status(*handle.wait())
     local_ranks, local_sizes = out[0::2].tolist(), out[1::2].tolist()
     me, my_local = _runtime.rank(), local_ranks[_runtime.rank()]

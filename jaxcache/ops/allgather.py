@@ -18,6 +18,7 @@ from jax.interpreters import ad, batching
 from .. import grouping, process_sets, runtime
 from .._ext import ensure_registered
 from . import eager, lowering, naming, validation
+from ..protocol import Kind
 
 allgather_p = Primitive("jaxcache_allgather")
 allgather_p.multiple_results = True
@@ -41,7 +42,7 @@ def _lowering(ctx, *args, name, auto_name, world_size, process_set):
 
 def _impl(*args, name, auto_name, world_size, process_set):
     # Equal shapes, like under jit (autodiff traces these shapes).
-    return eager.run(eager.KIND_ALLGATHER, name, args,
+    return eager.run(Kind.ALLGATHER, name, args,
                      [_gathered_shape(a.shape, world_size) for a in args], world_size,
                      process_set=process_set)
 
@@ -95,7 +96,7 @@ def gather_values(values: list, name: str, auto_name: bool, ps: process_sets.Res
     if any(isinstance(v, jax.core.Tracer) for v in values):
         return list(allgather_p.bind(*values, name=name, auto_name=auto_name, world_size=ps.size,
                                      process_set=ps.id))
-    outs, _ = eager.run_allocated(eager.KIND_ALLGATHER, name, values, ps.size, process_set=ps.id)
+    outs, _ = eager.run_allocated(Kind.ALLGATHER, name, values, ps.size, process_set=ps.id)
     return [jax.device_put(o) for o in outs]  # aliases the runtime's buffer, no copy
 
 

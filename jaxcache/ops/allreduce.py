@@ -26,6 +26,7 @@ from jax.interpreters import ad, batching
 from .. import process_sets, runtime
 from .._ext import ensure_registered
 from . import eager, lowering, naming, validation
+from ..protocol import Kind
 
 allreduce_p = Primitive("jaxcache_allreduce")
 allreduce_p.multiple_results = True
@@ -66,7 +67,7 @@ def _lowering(ctx, *args, name, auto_name, op, prescale, postscale, world_size, 
 
 
 def _impl(*args, name, auto_name, op, prescale, postscale, world_size, process_set):
-    return eager.run(eager.KIND_ALLREDUCE, name, args, [a.shape for a in args], world_size,
+    return eager.run(Kind.ALLREDUCE, name, args, [a.shape for a in args], world_size,
                      op=validation.REDUCE_OPS[op], prescale=prescale, postscale=postscale,
                      process_set=process_set)
 

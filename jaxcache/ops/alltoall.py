@@ -22,6 +22,7 @@ from jax.interpreters import ad, batching
 from .. import process_sets, runtime
 from .._ext import ensure_registered
 from . import eager, lowering, naming, validation
+from ..protocol import Kind
 
 alltoall_p = Primitive("jaxcache_alltoall")
 alltoall_p.multiple_results = True
@@ -54,7 +55,7 @@ def _lowering(ctx, *args, name, auto_name, world_size, process_set):
 def _impl(*args, name, auto_name, world_size, process_set):
     for a in args:  # equal blocks, like under jit (autodiff traces these shapes)
         _check_static(a.shape, world_size, name)
-    return eager.run(eager.KIND_ALLTOALL, name, args, [a.shape for a in args], world_size,
+    return eager.run(Kind.ALLTOALL, name, args, [a.shape for a in args], world_size,
                      process_set=process_set)
 
 
@@ -108,7 +109,7 @@ def alltoall(x, *, name: str | None = None, splits=None, process_set=None, comm=
                              "static; splits must be None (call alltoall eagerly for uneven splits)")
         return alltoall_p.bind(x, name=name, auto_name=auto, world_size=size, process_set=ps.id)[0]
     counts = [] if splits is None else validation.check_splits(splits, "alltoall")
-    (out,), received = eager.run_allocated(eager.KIND_ALLTOALL, name, [x], size, counts,
+    (out,), received = eager.run_allocated(Kind.ALLTOALL, name, [x], size, counts,
                                            process_set=ps.id)
     out = jax.device_put(out)  # aliases the runtime's buffer, no copy
     if splits is None:

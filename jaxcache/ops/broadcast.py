@@ -14,6 +14,7 @@ from .._ext import ensure_registered
 from . import eager, lowering, naming, validation
 from .allreduce import sum_values
 from .rank import traced_rank
+from ..protocol import Kind
 
 broadcast_p = Primitive("jaxcache_broadcast")
 broadcast_p.multiple_results = True
@@ -33,7 +34,7 @@ def _lowering(ctx, *args, name, auto_name, root, world_size, process_set):
 
 
 def _impl(*args, name, auto_name, root, world_size, process_set):
-    return eager.run(eager.KIND_BROADCAST, name, args, [a.shape for a in args], world_size,
+    return eager.run(Kind.BROADCAST, name, args, [a.shape for a in args], world_size,
                      root=root, process_set=process_set)
 
 

@@ -12,19 +12,8 @@ import jax.numpy as jnp
 
 from .. import devices
 from .._ext import ext
-from ..errors import CollectiveError, raise_for_status
-
-# Codes of xla_ext/common.h Kind.
-KIND_ALLREDUCE, KIND_BROADCAST, KIND_ALLGATHER, KIND_BARRIER, KIND_REDUCESCATTER, KIND_ALLTOALL = range(6)
-
-# Codes of xla_ext/common.h DType.
-DTYPE_CODES = {
-    np.dtype(t): i
-    for i, t in enumerate(
-        (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
-         np.uint64, np.float16, jnp.bfloat16, np.float32, np.float64, np.complex64, np.complex128)
-    )
-}
+from ..errors import raise_for_status
+from ..protocol import NUMPY_DTYPES, Device
 
 # Requests whose wait was interrupted (Ctrl-C): the runtime still reads and writes their
 # buffers, so they are kept alive here until the request completes.
@@ -51,7 +40,7 @@ def _device_of(inputs: Sequence) -> tuple:
     """(the jax device of the first operand or None, its kind code for the signature)."""
     device = getattr(inputs[0], "device", None) if inputs else None
     if not hasattr(device, "platform"):  # NumPy arrays (their .device is the string "cpu")
-        return None, devices.CPU
+        return None, Device.CPU
     return device, devices.code(device.platform)
 
 
@@ -71,18 +60,6 @@ def wait(handle, keepalive) -> tuple[int, str]:
         raise
 
 
-def check_world(name: str, world_size: int, process_set: int) -> None:
-    """Refuses a request prepared for another size of its set (a runtime started since with
-    another communicator, a set registered again with other ranks)."""
-    size = ext.size() if process_set == 0 else ext.set_size(process_set)
-    if world_size != size:
-        where = "the runtime" if process_set == 0 else f"process set {process_set}"
-        raise CollectiveError(
-            f"jaxcache: collective '{name}' was prepared for {world_size} ranks but {where} "
-            f"now has {size}; trace the function again, e.g. after jax.clear_caches()"
-        )
-
-
 def run(kind: int, name: str, inputs: Sequence[jax.Array], out_shapes: Sequence[tuple],
         world_size: int, op: int = 0, prescale: float = 1.0, postscale: float = 1.0,
         root: int = 0, process_set: int = 0) -> list[jax.Array]:
@@ -91,20 +68,19 @@ def run(kind: int, name: str, inputs: Sequence[jax.Array], out_shapes: Sequence[
     `world_size` is the size of the process set the request was prepared for (output
     shapes, the 1/size of "average"); a request prepared for another size is refused.
     """
-    check_world(name, world_size, process_set)
     # Results go back to the device of the first operand; its kind joins the signature.
     device, kind_code = _device_of(inputs)
     # np.asarray of a CPU jax array is a read-only view of its buffer: no copy (a GPU array
     # is copied to the host: eager calls on GPU arrays are staged by JAX itself).
     ins = [np.ascontiguousarray(np.asarray(x)) for x in inputs]
     outs = [aligned_empty(shape, x.dtype) for shape, x in zip(out_shapes, ins)]
-    codes = [DTYPE_CODES[x.dtype] for x in ins]
+    codes = [NUMPY_DTYPES[x.dtype] for x in ins]
     handle = ext.submit(kind, name, [_bits(x) for x in ins], [_bits(o) for o in outs],
                         op, float(prescale), float(postscale), root, codes, device=kind_code,
-                        process_set=process_set)
+                        process_set=process_set, world_size=world_size)
     status, message = wait(handle, (ins, outs))
     raise_for_status(status, message)
-    if device is None or (kind_code == devices.CPU and jax.default_backend() == "cpu"):
+    if device is None or (kind_code == Device.CPU and jax.default_backend() == "cpu"):
         # device_put aliases the (aligned) NumPy buffer instead of copying it.
         return [jax.device_put(o) for o in outs]
     return [jax.device_put(o, device) for o in outs]
@@ -119,12 +95,12 @@ def run_allocated(kind: int, name: str, inputs: Sequence, world_size: int,
     agreed rows: per tensor and rank for an allgather (`rows[t * size + r]`), received from
     each rank for an alltoall.
     """
-    check_world(name, world_size, process_set)
     _, kind_code = _device_of(inputs)
     ins = [np.ascontiguousarray(np.asarray(x)) for x in inputs]
-    codes = [DTYPE_CODES[x.dtype] for x in ins]
+    codes = [NUMPY_DTYPES[x.dtype] for x in ins]
     handle = ext.submit_allocated(kind, name, [_bits(x) for x in ins], list(splits), codes,
-                                  refuse_if_in_flight, device=kind_code, process_set=process_set)
+                                  refuse_if_in_flight, device=kind_code, process_set=process_set,
+                                  world_size=world_size)
     status, message = wait(handle, ins)
     raise_for_status(status, message)
     outs = [raw.view(x.dtype).reshape(shape) for (raw, shape), x in zip(handle.results(), ins)]

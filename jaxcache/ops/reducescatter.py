@@ -27,6 +27,7 @@ from jax.interpreters import ad, batching
 from .. import process_sets, runtime
 from .._ext import ensure_registered, ext
 from . import eager, lowering, naming, validation
+from ..protocol import Kind
 
 reducescatter_p = Primitive("jaxcache_reducescatter")
 reducescatter_p.multiple_results = True
@@ -65,7 +66,7 @@ def _lowering(ctx, *args, name, auto_name, op, prescale, postscale, world_size, 
 
 def _run(args, name, op, prescale, postscale, world_size, process_set, rank):
     shapes = [(scatter_rows(a.shape[0], world_size, rank), *a.shape[1:]) for a in args]
-    return eager.run(eager.KIND_REDUCESCATTER, name, args, shapes, world_size,
+    return eager.run(Kind.REDUCESCATTER, name, args, shapes, world_size,
                      op=validation.REDUCE_OPS[op], prescale=prescale, postscale=postscale,
                      process_set=process_set)
 

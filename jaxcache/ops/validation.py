@@ -7,18 +7,12 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-# Wire codes of xla_ext/common.h ReduceOp. The runtime divides an "average" by the number
-# of ranks that contribute (all of them, or those that have not joined).
-REDUCE_OPS = {"sum": 0, "min": 1, "max": 2, "prod": 3, "average": 4}
-USER_OPS = ("sum", "average", "min", "max", "prod")
+from ..protocol import NUMPY_DTYPES, REDUCE_OPS  # noqa: F401  (REDUCE_OPS: the ops modules read it here)
 
-SUPPORTED_DTYPES = frozenset(
-    np.dtype(t)
-    for t in (
-        np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
-        np.uint64, np.float16, jnp.bfloat16, np.float32, np.float64, np.complex64, np.complex128,
-    )
-)
+# The runtime divides an "average" by the number of ranks that contribute (all of them,
+# or those that have not joined).
+USER_OPS = tuple(REDUCE_OPS)
+SUPPORTED_DTYPES = frozenset(NUMPY_DTYPES)
 
 
 def check_op(op: str, fn: str) -> str:

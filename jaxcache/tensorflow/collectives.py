@@ -26,6 +26,7 @@ from ..compat.process_sets import Resolved, global_process_set
 from . import ops, sparse
 from . import compression as _compression
 from .compression import Compression
+from ..protocol import Kind
 
 _api = ops._api
 
@@ -39,7 +40,7 @@ def reduce_tensors(tensors: list, name: str, op: str, pre: float, post: float, p
     code, pre_w, post_w = ops.reduce_args(op, pre, post)
 
     def run(xs, nm):
-        return ops.run(ops.KIND_ALLREDUCE, [nm], [list(xs)], op=code, prescale=pre_w,
+        return ops.run(Kind.ALLREDUCE, [nm], [list(xs)], op=code, prescale=pre_w,
                        postscale=post_w, process_set=ps)[0]
 
     if not _differentiable(tensors):
@@ -62,7 +63,7 @@ def _zeros_for_none(dys, like) -> list:
 
 def _gather(tensors: list, name: str, ps: Resolved) -> tuple[list, tf.Tensor]:
     """One atomic allgather request (not differentiable): results and every rank's rows."""
-    (outs, rows, _), = ops.run_allocated(ops.KIND_ALLGATHER, [name], [list(tensors)], process_set=ps)
+    (outs, rows, _), = ops.run_allocated(Kind.ALLGATHER, [name], [list(tensors)], process_set=ps)
     return outs, rows
 
 
@@ -99,7 +100,7 @@ def scatter_tensors(tensors: list, name: str, op: str, pre: float, post: float, 
     code, pre_w, post_w = ops.reduce_args(op, pre, post)
 
     def run(xs):
-        return ops.run(ops.KIND_REDUCESCATTER, [name], [list(xs)], op=code, prescale=pre_w,
+        return ops.run(Kind.REDUCESCATTER, [name], [list(xs)], op=code, prescale=pre_w,
                        postscale=post_w, process_set=ps)[0]
 
     if not _differentiable(tensors):
@@ -125,7 +126,7 @@ def exchange(tensor, splits, name: str, ps: Resolved) -> tuple:
     """One alltoall request: (rows received in rank order, rows received from each rank as
     int32); differentiable (the gradient goes back with the received splits)."""
     def run(x, s, nm):
-        (outs, received, _), = ops.run_allocated(ops.KIND_ALLTOALL, [nm], [[x]], [s], process_set=ps)
+        (outs, received, _), = ops.run_allocated(Kind.ALLTOALL, [nm], [[x]], [s], process_set=ps)
         return outs[0], received
 
     if not _differentiable([tensor]):
@@ -263,7 +264,7 @@ def broadcast(tensor, root_rank=0, name=None, ignore_name_scope=False, process_s
     name = ops.auto_name("broadcast", name, "broadcast")
 
     def run(x, nm):
-        return ops.run(ops.KIND_BROADCAST, [nm], [[x]], root=root, process_set=ps)[0][0]
+        return ops.run(Kind.BROADCAST, [nm], [[x]], root=root, process_set=ps)[0][0]
 
     if not _differentiable([t]):
         return run(t, name)
@@ -294,7 +295,7 @@ def broadcast_(variables, root_rank=0, name=None, process_set=global_process_set
                             "not a variable")
         values.append(ops.as_tensor(v, "broadcast_", f"variable {getattr(v, 'name', i)!r}"))
     base = ops.auto_name("broadcast_", name, "broadcast_")
-    outs = ops.run(ops.KIND_BROADCAST, [f"{base}/{i}" for i in range(len(values))],
+    outs = ops.run(Kind.BROADCAST, [f"{base}/{i}" for i in range(len(values))],
                    [[t] for t in values], root=root, process_set=ps)
     return [v.assign(o) for v, (o,) in zip(variables, outs)]
 

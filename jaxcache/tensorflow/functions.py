@@ -8,6 +8,7 @@ from .. import objects
 from ..compat import unsupported
 from ..compat.process_sets import global_process_set
 from . import ops
+from ..protocol import Kind
 
 
 @ops._api
@@ -33,7 +34,7 @@ def broadcast_variables(variables, root_rank=0, process_set=global_process_set, 
     if not values:
         return None
     names = [f"{name}/{i}" for i in range(len(values))]
-    outs = ops.run(ops.KIND_BROADCAST, names, [[t] for t in values], root=root, process_set=ps)
+    outs = ops.run(Kind.BROADCAST, names, [[t] for t in values], root=root, process_set=ps)
     assigns = [v.assign(o) for v, (o,) in zip(variables, outs)]
     return None if tf.executing_eagerly() else tf.group(*assigns)
 

@@ -14,6 +14,7 @@ from .. import runtime as _runtime
 from ..compat import reduce_ops
 from . import compression as _compression
 from . import ops, sparse
+from ..protocol import Kind
 
 
 def var_key(v):
@@ -109,7 +110,7 @@ class GradientReducer:
                      f"{self.prefix}/group{m[0]}-{m[-1]}x{len(m)}" for m in parts]
             compressed = {i: self.compression.compress(grads[i]) for i in dense}
             code, pre, post = ops.reduce_args(self.op, self.pre, self.post)
-            outs = ops.run(ops.KIND_ALLREDUCE, names, [[compressed[i][0] for i in m] for m in parts],
+            outs = ops.run(Kind.ALLREDUCE, names, [[compressed[i][0] for i in m] for m in parts],
                            op=code, prescale=pre, postscale=post, process_set=self.ps)
             for members, reduced in zip(parts, outs):
                 for i, r in zip(members, reduced):

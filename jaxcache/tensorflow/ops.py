@@ -23,15 +23,12 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from .. import devices as _devices
 from .._ext import ext
 from ..compat import process_sets
 from ..compat.process_sets import Resolved
 from ..errors import raise_for_status
 from ..ops import naming, validation
-from ..ops.eager import DTYPE_CODES as _NP_DTYPE_CODES
-from ..ops.eager import (  # noqa: F401  (the kinds are used through this module by the bridge)
-    KIND_ALLGATHER, KIND_ALLREDUCE, KIND_ALLTOALL, KIND_BROADCAST, KIND_REDUCESCATTER)
+from ..protocol import NUMPY_DTYPES, Device, Kind
 from ..ops.eager import keep_until_done
 from ..ops.reducescatter import scatter_rows
 
@@ -47,7 +44,7 @@ def np_dtype(dtype: tf.DType) -> np.dtype | None:
         d = np.dtype(dtype.as_numpy_dtype)
     except TypeError:
         return None
-    return d if d in _NP_DTYPE_CODES else None
+    return d if d in NUMPY_DTYPES else None
 
 
 def as_tensor(x, fn: str, what: str):
@@ -146,7 +143,7 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 
 def _device_kind(tensors) -> int:
-    return _devices.CUDA if any(_on_gpu(t) for t in tensors) else _devices.CPU
+    return Device.CUDA if any(_on_gpu(t) for t in tensors) else Device.CPU
 
 
 def _wait_all(in_flight: list, error: BaseException | None) -> list:
@@ -178,7 +175,7 @@ def submit_eager(kind: int, names: list[str], groups: list[list[tf.Tensor]], *, 
     broadcast's root as a rank within the process set (default: the global set).
     """
     ps = process_set or _global_set()
-    if kind == KIND_REDUCESCATTER:
+    if kind == Kind.REDUCESCATTER:
         size, rank = ps.size, ps.rank
     in_flight, results, error = [], [], None
     for name, tensors in zip(names, groups):
@@ -187,12 +184,12 @@ def submit_eager(kind: int, names: list[str], groups: list[list[tf.Tensor]], *, 
             t = _cpu(t)
             nd = np_dtype(t.dtype)
             shape = tuple(t.shape)
-            if kind == KIND_REDUCESCATTER:
+            if kind == Kind.REDUCESCATTER:
                 shape = (scatter_rows(shape[0], size, rank), *shape[1:])
             # A tf tensor exports DLPack (zero-copy); NumPy cannot export bfloat16: pass its bits.
             ins.append(t)
             outs.append(np.empty(shape, nd))
-            codes.append(_NP_DTYPE_CODES[nd])
+            codes.append(NUMPY_DTYPES[nd])
         try:
             handle = ext.submit(kind, name, ins, [_bits(o) for o in outs], op, float(prescale),
                                 float(postscale), int(root), codes,
@@ -223,7 +220,7 @@ def submit_allocated_eager(kind: int, names: list[str], groups: list[list[tf.Ten
     in_flight, error = [], None
     for i, (name, tensors) in enumerate(zip(names, groups)):
         ins = [_cpu(t) for t in tensors]
-        codes = [_NP_DTYPE_CODES[np_dtype(t.dtype)] for t in ins]
+        codes = [NUMPY_DTYPES[np_dtype(t.dtype)] for t in ins]
         try:
             handle = ext.submit_allocated(kind, name, ins, list((splits or [None] * len(groups))[i] or []),
                                           codes, refuse_if_in_flight=name not in _automatic,
@@ -273,11 +270,11 @@ def run(kind: int, names: list[str], groups: list[list[tf.Tensor]], **kw) -> lis
     out = tf.py_function(body, flat, Tout=[t.dtype for t in flat])
     if not isinstance(out, (list, tuple)):
         out = [out]
-    if kind == KIND_REDUCESCATTER:
+    if kind == Kind.REDUCESCATTER:
         size, rank = ps.size, ps.rank
     for o, t in zip(out, flat):
         shape = t.shape
-        if kind == KIND_REDUCESCATTER:
+        if kind == Kind.REDUCESCATTER:
             rows = None if shape[0] is None else scatter_rows(int(shape[0]), size, rank)
             shape = tf.TensorShape([rows]).concatenate(shape[1:])
         o.set_shape(shape)

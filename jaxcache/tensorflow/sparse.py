@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from ..compat.process_sets import Resolved
 from . import ops
+from ..protocol import Kind
 
 
 def reduce_slices(slices: list, names: list[str], op: str, fn: str, ps: Resolved) -> list:
@@ -22,7 +23,7 @@ def reduce_slices(slices: list, names: list[str], op: str, fn: str, ps: Resolved
                                   "(sparse_as_dense=True) for other ops")
     values = [ops.as_tensor(s.values, fn, f"values of IndexedSlices {n!r}") for s, n in zip(slices, names)]
     indices = [tf.convert_to_tensor(s.indices) for s in slices]
-    gathered = ops.run_allocated(ops.KIND_ALLGATHER, list(names), [[v, i] for v, i in zip(values, indices)],
+    gathered = ops.run_allocated(Kind.ALLGATHER, list(names), [[v, i] for v, i in zip(values, indices)],
                                  process_set=ps)
     out = []
     for s, ((v, i), _, contributors) in zip(slices, gathered):

@@ -11,6 +11,7 @@ from .. import objects
 from .. import runtime as _runtime
 from ..compat.process_sets import global_process_set
 from . import ops
+from ..protocol import Kind
 
 
 def _digest(items: list[str]) -> int:
@@ -123,7 +124,7 @@ def broadcast_parameters(params, root_rank: int = 0, *, process_set=global_proce
     items = _named_items(params, fn)
     agree(fn, [f"{k}:{_signature(v)}" for k, v in items], fn,
           "the parameters to broadcast (names, shapes, dtypes)", process_set)
-    handles = [ops.submit(ops.KIND_BROADCAST, f"torch.broadcast_parameters/{k}", [v], inplace=True,
+    handles = [ops.submit(Kind.BROADCAST, f"torch.broadcast_parameters/{k}", [v], inplace=True,
                           root=root, process_set=ps) for k, v in items]
     _synchronize_all(handles)
 
@@ -229,7 +230,7 @@ def broadcast_optimizer_state(optimizer, root_rank: int = 0, model=None, *,
         buffers = [torch.empty(r.shape, dtype=r.dtype) for r in refs]
     for i, b in enumerate(buffers):
         ops.check_tensor(b, "broadcast_optimizer_state", f"optimizer state tensor {i}")
-    handles = [ops.submit(ops.KIND_BROADCAST, f"torch.broadcast_optimizer_state/{i}", [b],
+    handles = [ops.submit(Kind.BROADCAST, f"torch.broadcast_optimizer_state/{i}", [b],
                           inplace=True, root=root, process_set=ps) for i, b in enumerate(buffers)]
     _synchronize_all(handles)
     if not is_root:

@@ -26,39 +26,24 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .. import devices as _devices
 from .. import runtime as _runtime
 from .._ext import ext
 from ..compat import process_sets, reduce_ops
 from ..compat.process_sets import Resolved, global_process_set
 from ..errors import raise_for_status
 from ..ops import naming, validation
-from ..ops.eager import DTYPE_CODES as _NP_DTYPE_CODES
-from ..ops.eager import KIND_ALLGATHER, KIND_ALLREDUCE, KIND_ALLTOALL, KIND_BROADCAST, KIND_REDUCESCATTER
+from ..protocol import DTYPE_NAMES, NUMPY_BY_DTYPE, Device, DType, ErrorKind, Kind
 from ..ops.reducescatter import scatter_rows
 from . import staging
 
-_DUPLICATE = 4  # xla_ext/common.h ErrorKind::kDuplicate
-
-# Codes of xla_ext/common.h DType, by torch dtype.
-_DTYPE_CODES: dict[torch.dtype, int] = {}
-for _code, _name in enumerate(
-    ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-     "float16", "bfloat16", "float32", "float64", "complex64", "complex128")
-):
-    if hasattr(torch, _name):  # uint16/32/64 exist since torch 2.3
-        _DTYPE_CODES[getattr(torch, _name)] = _code
-_NP_BY_CODE = {code: dt for dt, code in _NP_DTYPE_CODES.items()}
-
-
-
-def dtype_code(dtype: torch.dtype) -> int:
-    return _DTYPE_CODES[dtype]
+# The runtime's dtypes by torch dtype (torch has NumPy's names; uint16/32/64 since 2.3).
+_DTYPE_CODES: dict[torch.dtype, DType] = {
+    getattr(torch, name): code for code, name in DTYPE_NAMES.items() if hasattr(torch, name)}
 
 
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:
     """The NumPy (ml_dtypes for bfloat16) equivalent of a supported torch dtype."""
-    return _NP_BY_CODE[_DTYPE_CODES[dtype]]
+    return NUMPY_BY_DTYPE[_DTYPE_CODES[dtype]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,7 +190,7 @@ class Handle:
                  "__weakref__")
 
     def __init__(self, name: str, native, inputs: list, outputs: list, results: list, targets,
-                 copy_back, auto: bool, single: bool, bump: bool, kind: int = KIND_ALLREDUCE,
+                 copy_back, auto: bool, single: bool, bump: bool, kind: int = Kind.ALLREDUCE,
                  process_set: Resolved | None = None):
         self.name = name
         self.kind = kind
@@ -276,7 +261,7 @@ class _AllocatedHandle(Handle):
         self.contributors = int(native.contributors()) or None
         results = [_to_device_of(_over_runtime_buffer(raw, shape, t.dtype), t)
                    for (raw, shape), t in zip(native.results(), self._targets)]
-        if self.kind == KIND_ALLTOALL:  # Horovod: synchronize() returns (tensor, received splits)
+        if self.kind == Kind.ALLTOALL:  # Horovod: synchronize() returns (tensor, received splits)
             return results[0], torch.tensor(self.rows, dtype=self._splits_dtype)
         return results[0] if self._single else results
 
@@ -293,7 +278,7 @@ def _started(handle: Handle) -> Handle:
     native = handle._native
     if not handle._auto and native.poll():
         status, message = native.wait()
-        if status == _DUPLICATE:
+        if status == ErrorKind.DUPLICATE:
             _release(handle)
             raise_for_status(status, message)
     with _lock:
@@ -308,7 +293,7 @@ def _discard_auto(name: str, auto_name: bool, set_id: int) -> None:
 
 
 def _device_kind(tensors) -> int:
-    return _devices.CUDA if any(t.is_cuda for t in tensors) else _devices.CPU
+    return Device.CUDA if any(t.is_cuda for t in tensors) else Device.CPU
 
 
 def _global_set() -> Resolved:
@@ -332,7 +317,7 @@ def submit(kind: int, name: str, tensors: Sequence[torch.Tensor], *, inplace: bo
     inputs, outputs, codes, results = [], [], [], []
     copy_back = None  # None: every tensor is a contiguous CPU tensor used as is
     try:
-        if kind == KIND_REDUCESCATTER:
+        if kind == Kind.REDUCESCATTER:
             size, rank = ps.size, ps.rank
         for t in tensors:
             src = t.detach() if t.requires_grad else t
@@ -351,7 +336,7 @@ def submit(kind: int, name: str, tensors: Sequence[torch.Tensor], *, inplace: bo
             else:
                 inp = _export(src if direct else _staged(src))
                 shape = src.shape
-                if kind == KIND_REDUCESCATTER:
+                if kind == Kind.REDUCESCATTER:
                     shape = (scatter_rows(src.shape[0], size, rank), *src.shape[1:])
                 r = _result_buffer(shape, src)
                 out = _export(r)
@@ -487,7 +472,7 @@ def allreduce_submit(tensors, op: str, name, prescale, postscale, fn: str, inpla
         check_reduction(t, op, prescale, postscale, fn, what)
     code, pre, post = reduce_args(op, prescale, postscale)
     name, auto = _name_or_auto(name, "allreduce" if single else "grouped_allreduce", fn, ps)
-    return submit(KIND_ALLREDUCE, name, tensors, inplace=inplace, op=code, prescale=pre,
+    return submit(Kind.ALLREDUCE, name, tensors, inplace=inplace, op=code, prescale=pre,
                   postscale=post, auto_name=auto, single=single, process_set=ps)
 
 
@@ -502,7 +487,7 @@ def reducescatter_submit(tensors, op: str, name, prescale, postscale, fn: str, s
         validation.check_first_dim(t, f"torch.{fn}", what)
     code, pre, post = reduce_args(op, prescale, postscale)
     name, auto = _name_or_auto(name, "reducescatter" if single else "grouped_reducescatter", fn, ps)
-    return submit(KIND_REDUCESCATTER, name, tensors, inplace=False, op=code, prescale=pre,
+    return submit(Kind.REDUCESCATTER, name, tensors, inplace=False, op=code, prescale=pre,
                   postscale=post, auto_name=auto, single=single, process_set=ps)
 
 
@@ -514,7 +499,7 @@ def broadcast_submit(tensors, root_rank, name, fn: str, inplace: bool, ps: Resol
         check_tensor(t, fn, _what(name, single, i))
     root = set_root(root_rank, ps, fn)
     name, auto = _name_or_auto(name, "broadcast", fn, ps)
-    return submit(KIND_BROADCAST, name, tensors, inplace=inplace, root=root, auto_name=auto,
+    return submit(Kind.BROADCAST, name, tensors, inplace=inplace, root=root, auto_name=auto,
                   single=single, process_set=ps)
 
 
@@ -524,7 +509,7 @@ def allgather_submit(tensors, name, fn: str, ps: Resolved, single: bool = True) 
     for i, t in enumerate(tensors):
         check_tensor(t, fn, _what(name, single, i))
     name, auto = _name_or_auto(name, "allgather" if single else "grouped_allgather", fn, ps)
-    return submit_allocated(KIND_ALLGATHER, name, tensors, auto_name=auto, single=single,
+    return submit_allocated(Kind.ALLGATHER, name, tensors, auto_name=auto, single=single,
                             process_set=ps)
 
 
@@ -544,7 +529,7 @@ def alltoall_submit(tensor, splits, name, fn: str, ps: Resolved) -> Handle:
         splits = splits.tolist()
     counts = None if splits is None else validation.check_splits(splits, f"torch.{fn}")
     name, auto = _name_or_auto(name, "alltoall", fn, ps)
-    return submit_allocated(KIND_ALLTOALL, name, [tensor], splits=counts, splits_dtype=splits_dtype,
+    return submit_allocated(Kind.ALLTOALL, name, [tensor], splits=counts, splits_dtype=splits_dtype,
                             auto_name=auto, process_set=ps)
 
 

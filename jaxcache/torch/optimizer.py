@@ -16,6 +16,7 @@ from . import compression as _compression
 from .compression import Compression
 from .functions import agree
 from .sparse import sparse_allreduce_async
+from ..protocol import Kind
 
 
 class OptimizerStateError(RuntimeError, AssertionError):
@@ -233,7 +234,7 @@ class _DistributedMixin:
             dense.append(c)
             unit.members.append((i, c, ctx, was_sparse))
         if dense:
-            unit.handle = ops.submit(ops.KIND_ALLREDUCE, unit.name, dense, inplace=True,
+            unit.handle = ops.submit(Kind.ALLREDUCE, unit.name, dense, inplace=True,
                                      op=self._jc_op_code, prescale=self._jc_pre,
                                      postscale=self._jc_post, single=False, bump=False,
                                      process_set=self._jc_set)

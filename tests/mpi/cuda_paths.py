@@ -17,7 +17,7 @@ import jaxcache as jc
 from jaxcache import devices
 from jaxcache._ext import ext
 from jaxcache.errors import MismatchError, raise_for_status
-from jaxcache.ops.eager import DTYPE_CODES, KIND_ALLREDUCE
+from jaxcache.protocol import NUMPY_DTYPES, Device, Kind
 from jaxcache.ops.validation import REDUCE_OPS
 from _util import COMM, assert_close, done, same_on_all_ranks
 
@@ -170,8 +170,8 @@ def lowering():
 
 def submit(name, x, device):
     out = np.empty_like(x)
-    handle = ext.submit(KIND_ALLREDUCE, name, [x], [out], REDUCE_OPS["sum"], 1.0, 1.0, 0,
-                        [DTYPE_CODES[x.dtype]], device=device)
+    handle = ext.submit(Kind.ALLREDUCE, name, [x], [out], REDUCE_OPS["sum"], 1.0, 1.0, 0,
+                        [NUMPY_DTYPES[x.dtype]], device=device)
     status, message = handle.wait()
     raise_for_status(status, message)
     return out
@@ -191,21 +191,21 @@ def expect_device_mismatch(name, x, device):
 def device_mismatch():
     x = np.full(6, rank + 1, np.float32)
     want = np.full(6, sum(range(1, size + 1)), np.float32)
-    mine = devices.CPU if rank == 0 else devices.CUDA
+    mine = Device.CPU if rank == 0 else Device.CUDA
 
     # New name: rank 0 negotiates with a CPU request, the others with CUDA ones.
     expect_device_mismatch("mixed", x, mine)
     # The runtime keeps working, and the same name then agrees.
-    assert_close(submit("mixed", x, devices.CUDA), want, "after the mismatch")
+    assert_close(submit("mixed", x, Device.CUDA), want, "after the mismatch")
 
     # A cached name (CUDA everywhere, twice: negotiated, then a cache hit) that one rank
     # then submits from the CPU: the cache entry is invalid and the renegotiation fails.
     for _ in range(2):
-        assert_close(submit("cached", x, devices.CUDA), want, "cached CUDA")
+        assert_close(submit("cached", x, Device.CUDA), want, "cached CUDA")
     expect_device_mismatch("cached", x, mine)
     # All ranks on the CPU now: a consistent change simply re-caches.
     for _ in range(2):
-        assert_close(submit("cached", x, devices.CPU), want, "cached CPU")
+        assert_close(submit("cached", x, Device.CPU), want, "cached CPU")
 
     # Unknown device codes are refused before anything is submitted.
     try:

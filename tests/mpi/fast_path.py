@@ -173,7 +173,7 @@ elif mode == "order":
 
 elif mode == "per-leaf":
     from jaxcache._ext import ext
-    from jaxcache.ops.eager import DTYPE_CODES, KIND_ALLREDUCE
+    from jaxcache.protocol import NUMPY_DTYPES, Kind
     from jaxcache.errors import raise_for_status
 
     N, E = 500, 16  # 64-byte leaves: XLA:CPU runs the calls one after another, a cycle each
@@ -209,12 +209,12 @@ elif mode == "per-leaf":
     jc.shutdown()
     os.environ["JAXCACHE_INLINE_SPIN_US"] = "0"
     jc.init()
-    code = [DTYPE_CODES[np.dtype(np.float32)]]
+    code = [NUMPY_DTYPES[np.dtype(np.float32)]]
     ins = [np.full(64, float(rank + i % 5), np.float32) for i in range(400)]
     outs = [np.empty_like(x) for x in ins]
 
     def burst():
-        handles = [ext.submit(KIND_ALLREDUCE, f"burst.{i}", [ins[i]], [outs[i]], 0, 1.0, 1.0, 0, code)
+        handles = [ext.submit(Kind.ALLREDUCE, f"burst.{i}", [ins[i]], [outs[i]], 0, 1.0, 1.0, 0, code)
                    for i in range(len(ins))]
         for h in handles:
             raise_for_status(*h.wait())

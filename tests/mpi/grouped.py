@@ -13,7 +13,7 @@ import ml_dtypes
 
 import jaxcache as jc
 from jaxcache._ext import ext
-from jaxcache.ops import eager
+from jaxcache.protocol import Kind
 from _util import COMM, assert_close, done, same_on_all_ranks
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "main"
@@ -143,7 +143,7 @@ else:
         outs, handles = [], []
         for g, members in enumerate(groups):
             res = [np.empty_like(m) for m in members]
-            handles.append(ext.submit(eager.KIND_ALLREDUCE, f"fuse.g{g}", members, res, 0))
+            handles.append(ext.submit(Kind.ALLREDUCE, f"fuse.g{g}", members, res, 0))
             outs.append(res)
         for h in handles:
             status, msg = h.wait()

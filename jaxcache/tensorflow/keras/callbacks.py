@@ -9,6 +9,7 @@ from ... import runtime as _runtime
 from ...compat import unsupported
 from .. import functions, ops
 from ..gradients import var_key
+from ...protocol import Kind
 
 
 def _variables(obj) -> list:
@@ -78,7 +79,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
         if not keys:
             return
         values = np.array([float(logs[k]) for k in keys], np.float64)
-        averaged = ops.submit_eager(ops.KIND_ALLREDUCE, ["keras.metric_average/" + ",".join(keys)],
+        averaged = ops.submit_eager(Kind.ALLREDUCE, ["keras.metric_average/" + ",".join(keys)],
                                     [[_tensor(values)]], op=0, postscale=1.0 / _runtime.size())[0][0]
         for k, v in zip(keys, averaged.tolist()):
             logs[k] = v

@@ -1,0 +1,90 @@
+#include "protocol_bindings.h"
+
+#include <nanobind/stl/string.h>
+
+#include <cctype>
+#include <deque>
+#include <string>
+
+#include "common.h"
+
+namespace nb = nanobind;
+
+namespace jaxcache {
+namespace {
+
+// Enum member names are the runtime's own names in upper case (DType.FLOAT32,
+// Kind.ALLREDUCE); nanobind keeps the pointer, so the strings live here.
+const char* MemberName(const char* name) {
+  static std::deque<std::string> names;
+  std::string upper(name);
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return names.emplace_back(std::move(upper)).c_str();
+}
+
+template <typename E>
+void BindEnum(nb::module_& m, const char* name, const char* doc, int count, const char* (*name_of)(E)) {
+  nb::enum_<E> e(m, name, doc, nb::is_arithmetic());
+  for (int i = 0; i < count; ++i) e.value(MemberName(name_of(static_cast<E>(i))), static_cast<E>(i));
+}
+
+const char* SettingTypeName(SettingType t) {
+  switch (t) {
+    case SettingType::kInt: return "int";
+    case SettingType::kFloat: return "float";
+    case SettingType::kFlag: return "flag";
+    case SettingType::kInvertedFlag: return "inverted_flag";
+    case SettingType::kString: return "string";
+  }
+  return "unknown";
+}
+
+const char* SettingScopeName(SettingScope s) {
+  switch (s) {
+    case SettingScope::kAgreed: return "agreed";
+    case SettingScope::kLocal: return "local";
+  }
+  return "unknown";
+}
+
+// (field, type, default, variable, minimum, scope) for every setting.
+nb::list SettingsTable() {
+  const Config defaults;
+  nb::list table;
+#define JAXCACHE_SETTING_ROW(name, type, default_value, setting_type, variable, minimum, scope)   \
+  table.append(nb::make_tuple(#name, SettingType::setting_type, defaults.name, variable,        \
+                              static_cast<double>(minimum), SettingScope::scope));
+  JAXCACHE_SETTINGS(JAXCACHE_SETTING_ROW)
+#undef JAXCACHE_SETTING_ROW
+  return table;
+}
+
+}  // namespace
+
+Config ConfigFromDict(const nb::dict& d) {
+  Config c;
+#define JAXCACHE_SETTING_READ(name, type, ...) \
+  if (d.contains(#name)) c.name = nb::cast<type>(d[#name]);
+  JAXCACHE_SETTINGS(JAXCACHE_SETTING_READ)
+#undef JAXCACHE_SETTING_READ
+  return c;
+}
+
+void BindProtocol(nb::module_& m) {
+  BindEnum<DType>(m, "DType", "Element types, by NumPy name (ml_dtypes' for bfloat16).", kNumDTypes,
+                  &DTypeName);
+  BindEnum<ReduceOp>(m, "ReduceOp", "Reduction operators.", kNumReduceOps, &ReduceOpName);
+  BindEnum<Kind>(m, "Kind", "Collective kinds.", kNumKinds, &KindName);
+  BindEnum<Device>(m, "Device", "Where a request's tensors live.", kNumDevices, &DeviceName);
+  BindEnum<ErrorKind>(m, "ErrorKind", "Why a request failed.", kNumErrorKinds, &ErrorKindName);
+  BindEnum<SettingType>(m, "SettingType", "How a setting's variable is read.", kNumSettingTypes, &SettingTypeName);
+  BindEnum<SettingScope>(m, "SettingScope", "Whose value of a setting a rank uses.",
+                         kNumSettingScopes, &SettingScopeName);
+  m.def("error_class_name", [](ErrorKind k) { return std::string(ErrorClassName(k)); }, nb::arg("kind"),
+        "The jaxcache.errors class a request failing with `kind` raises ('' for NONE).");
+  m.def("element_size", [](DType d) { return ElementSize(d); }, nb::arg("dtype"));
+  m.def("settings_table", &SettingsTable,
+        "Every runtime setting: (field, SettingType, default, variable, minimum, SettingScope).");
+}
+
+}  // namespace jaxcache
