@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import importlib
 
+from . import allocator as _allocator
+
+# Before anything starts a thread that allocates (MPI's progress thread, jax's workers).
+_allocator.tune_process()
+
 # Public names and the modules that define them. They load on first use, so that
 # `python -m jaxcache.run` (the launcher) starts without MPI, jax or the extension.
 _EXPORTS = {

@@ -93,8 +93,8 @@ def _load_extension():
 
 _check_jax_version()
 ext = _load_extension()
-# Before jax creates its worker threads (they would get heaps of their own).
-allocator.tune_process(ext)
+# Before jax creates its CPU backend (the buffers are carved from the advised heap).
+allocator.advise_heap(ext)
 
 BUILT_FFI_API = tuple(ext.ffi_api_version())
 RUNNING_FFI_API = _running_ffi_api_version()

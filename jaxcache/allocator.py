@@ -13,14 +13,15 @@ Who applies them:
 
 - the launcher (``python -m jaxcache.run``) puts them in every rank's ``GLIBC_TUNABLES``,
   which glibc reads when the process starts;
-- a process started otherwise (plain ``mpirun``, Slurm, a scheduler) gets them when
-  jaxcache's runtime is loaded (``init()``, or the first collective), before jax creates
-  its CPU backend and worker threads: ``mallopt`` for the four that have one, and for
-  ``glibc.malloc.hugetlb`` what glibc itself would do -- the main heap grows by
+- a process started otherwise (plain ``mpirun``, Slurm, a scheduler) gets them from
+  ``import jaxcache``: ``mallopt`` for the four that have one, before MPI starts its
+  progress thread and jax its worker threads; and, when the runtime loads (``init()``),
+  for ``glibc.malloc.hugetlb`` what glibc itself would do -- the main heap grows by
   ``HEAP_RESERVE`` bytes of address space (untouched, so it costs no memory) advised for
   transparent huge pages (``madvise(MADV_HUGEPAGE)``), from which later buffers are
-  carved. Threads that allocated before then keep their own heaps, so call ``init()``
-  before running JAX code (as Horovod asks for ``hvd.init()``), or use the launcher.
+  carved. A thread that allocated before the import keeps a heap of its own, which
+  later threads then share in turn with the main heap (MPI's progress thread, when
+  ``mpi4py.MPI`` was imported first): import jaxcache first, or use the launcher.
 
 A tunable the user set (in ``GLIBC_TUNABLES`` or through glibc's ``MALLOC_*`` variable)
 keeps the user's value; ``JAXCACHE_MALLOC_TUNING=0`` (the launcher's
@@ -30,6 +31,7 @@ keeps the user's value; ``JAXCACHE_MALLOC_TUNING=0`` (the launcher's
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from collections.abc import Mapping
@@ -57,7 +59,20 @@ ENV_ALIASES = {
 # threshold, so that it stays).
 HEAP_RESERVE = 768 << 20
 
-_report = ""  # what tune_process() did, for init()'s log line
+# glibc's mallopt parameter numbers (<malloc.h>: M_ARENA_MAX, M_MMAP_MAX, M_MMAP_THRESHOLD,
+# M_TRIM_THRESHOLD) for the tunables that have one.
+_MALLOPT_PARAMS = {
+    "glibc.malloc.arena_max": -8,
+    "glibc.malloc.mmap_max": -4,
+    "glibc.malloc.mmap_threshold": -3,
+    "glibc.malloc.trim_threshold": -1,
+}
+
+# What tune_process() and advise_heap() did, for report() and init()'s log line.
+_done: list[str] = []
+_refused: list[str] = []
+_kept: list[str] = []
+_off = ""  # why nothing was done, when nothing was
 
 
 def enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -84,39 +99,51 @@ def launcher_env(environ: Mapping[str, str] | None = None, enabled: bool = True)
     return {"GLIBC_TUNABLES": ":".join(current + added)}
 
 
-def tune_process(ext, environ: Mapping[str, str] | None = None) -> str:
-    """Applies the tunables the environment did not set (once, when the extension loads);
-    returns the report."""
-    global _report
+def tune_process(environ: Mapping[str, str] | None = None) -> None:
+    """Applies, by ``mallopt``, the four tunables that have one and the environment did not
+    set. Runs at ``import jaxcache``: before mpi4py starts MPI, whose progress thread would
+    otherwise get a heap of its own that later threads share in turn with the main one."""
+    global _done, _refused, _kept, _off
     environ = os.environ if environ is None else environ
     if not sys.platform.startswith("linux"):
-        _report = "not on Linux: allocator untouched"
-    elif not enabled(environ):
-        _report = f"{VARIABLE}=0: allocator untouched"
-    else:
-        taken = user_settings(environ)
-        done, refused = [], []
-        # hugetlb last: its heap reservation relies on mmap_max and trim_threshold.
-        for name, value in TUNABLES.items():
-            if name in taken or name == "glibc.malloc.hugetlb":
-                continue
-            (done if ext.set_malloc_tunable(name, value) else refused).append(f"{name}={value}")
-        if "glibc.malloc.hugetlb" not in taken:
-            advised = ext.advise_heap_huge_pages(HEAP_RESERVE)
-            (done if advised else refused).append(
-                f"glibc.malloc.hugetlb=1 (heap: {advised >> 20} MiB advised for huge pages)")
-        parts = []
-        if done:
-            parts.append("applied in this process: " + ", ".join(done))
-        if refused:
-            parts.append("could not apply: " + ", ".join(refused))
-        kept = sorted(taken & set(TUNABLES))
-        if kept:
-            parts.append("set at startup (GLIBC_TUNABLES / MALLOC_*): " + ", ".join(kept))
-        _report = "; ".join(parts)
-    return _report
+        _off = "not on Linux: allocator untouched"
+        return
+    if not enabled(environ):
+        _off = f"{VARIABLE}=0: allocator untouched"
+        return
+    taken = user_settings(environ)
+    _kept = sorted(taken & set(TUNABLES))
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except AttributeError:  # not glibc
+        mallopt = None
+    for name, param in _MALLOPT_PARAMS.items():
+        if name in taken:
+            continue
+        applied = mallopt is not None and mallopt(param, TUNABLES[name]) == 1
+        (_done if applied else _refused).append(f"{name}={TUNABLES[name]}")
+
+
+def advise_heap(ext, environ: Mapping[str, str] | None = None) -> None:
+    """glibc.malloc.hugetlb's stand-in (when the extension loads, after `tune_process`, whose
+    mmap_max and trim_threshold keep the reservation in the heap)."""
+    environ = os.environ if environ is None else environ
+    if _off or "glibc.malloc.hugetlb" in user_settings(environ):
+        return
+    advised = ext.advise_heap_huge_pages(HEAP_RESERVE)
+    (_done if advised else _refused).append(
+        f"glibc.malloc.hugetlb=1 (heap: {advised >> 20} MiB advised for huge pages)")
 
 
 def report() -> str:
     """What jaxcache did to this process's allocator (see the module docstring)."""
-    return _report
+    if _off:
+        return _off
+    parts = []
+    if _done:
+        parts.append("applied in this process: " + ", ".join(_done))
+    if _refused:
+        parts.append("could not apply: " + ", ".join(_refused))
+    if _kept:
+        parts.append("set at startup (GLIBC_TUNABLES / MALLOC_*): " + ", ".join(_kept))
+    return "; ".join(parts)

@@ -284,16 +284,24 @@ TINY = textwrap.dedent("""
         libc.free(ctypes.c_void_p(block))
         return chunks
 
-    def thread_allocates_from_the_main_heap():  # glibc took arena_max=1
+    def threads_allocate_from_the_main_heap():  # glibc took arena_max=1
+        # Four threads alive at once: with a second heap in the process (one that a thread
+        # got before arena_max took), glibc hands them the heaps in turn.
         libc = ctypes.CDLL(None)
         libc.malloc.restype = ctypes.c_void_p
-        got = []
-        worker = threading.Thread(target=lambda: got.append(libc.malloc(1 << 20)))
-        worker.start()
-        worker.join()
+        got, all_in = [], threading.Barrier(4)
+        def allocate():
+            got.append(libc.malloc(1 << 20))
+            all_in.wait()
+        workers = [threading.Thread(target=allocate) for _ in range(4)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
         heap = [line.split()[0].split("-") for line in open("/proc/self/maps") if line.rstrip().endswith("[heap]")]
-        inside = any(int(lo, 16) <= got[0] < int(hi, 16) for lo, hi in heap)
-        libc.free(ctypes.c_void_p(got[0]))
+        inside = all(any(int(lo, 16) <= p < int(hi, 16) for lo, hi in heap) for p in got)
+        for p in got:
+            libc.free(ctypes.c_void_p(p))
         return inside
 
     def heap_on_huge_pages():  # glibc took hugetlb (or jaxcache advised the heap)
@@ -314,7 +322,7 @@ TINY = textwrap.dedent("""
     total = jaxcache.allreduce(jnp.asarray(float(r + 1)), op="sum", name="tiny")
     print(f"rank {r}/{n} sum={float(total):g} fusion={os.environ.get('JAXCACHE_FUSION_THRESHOLD')} "
           f"args={os.sys.argv[1:]} tunables={os.environ.get('GLIBC_TUNABLES')} "
-          f"mapped={mapped_chunks_with_64mb_allocated()} main_heap={thread_allocates_from_the_main_heap()} "
+          f"mapped={mapped_chunks_with_64mb_allocated()} main_heap={threads_allocate_from_the_main_heap()} "
           f"huge={heap_on_huge_pages()} allocator={jaxcache.allocator.report()!r}",
           flush=True)
     jaxcache.shutdown()

@@ -2,29 +2,13 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <stdexcept>
 
 #if defined(__GLIBC__)
-#include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #endif
 
 namespace jaxcache {
-
-bool SetMallocTunable(const std::string& name, int64_t value) {
-#if defined(__GLIBC__)
-  int param;
-  if (name == "glibc.malloc.arena_max") param = M_ARENA_MAX;
-  else if (name == "glibc.malloc.mmap_max") param = M_MMAP_MAX;
-  else if (name == "glibc.malloc.mmap_threshold") param = M_MMAP_THRESHOLD;
-  else if (name == "glibc.malloc.trim_threshold") param = M_TRIM_THRESHOLD;
-  else throw std::invalid_argument("jaxcache: no mallopt for tunable '" + name + "'");
-  return mallopt(param, static_cast<int>(value)) == 1;
-#else
-  return false;
-#endif
-}
 
 std::size_t AdviseHeapHugePages(std::size_t reserve) {
 #if defined(__GLIBC__) && defined(MADV_HUGEPAGE)

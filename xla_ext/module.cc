@@ -264,7 +264,6 @@ NB_MODULE(_jaxcache_ext, m) {
   main_thread_ident = nb::cast<unsigned long>(
       nb::module_::import_("threading").attr("main_thread")().attr("ident"));
   m.def("waiters", [] { return waiters.load(); });
-  m.def("set_malloc_tunable", &SetMallocTunable, nb::arg("name"), nb::arg("value"));
   m.def("advise_heap_huge_pages", &AdviseHeapHugePages, nb::arg("reserve"));
 
   m.def("ffi_api_version", [] { return std::make_pair(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR); });
