@@ -110,8 +110,8 @@ void Comm::CheckAbandoned(const char* what) const {
 void Comm::AbortUnanswered(const char* what, double waited) {
   std::fprintf(stderr,
                "jaxcache: rank %d: no answer from the other ranks in %s for %.1f s (a rank died, "
-               "hangs inside MPI, or the network failed); aborting the job "
-               "(JAXCACHE_STALL_SHUTDOWN_TIME=%g)\n",
+               "hangs inside MPI, or the network failed); aborting the job (the wait "
+               "JAXCACHE_STALL_SHUTDOWN_TIME=S allows: max(2 S, S + 5) = %g s)\n",
                rank_, what, waited, abort_timeout_s_);
   std::fflush(stderr);
   MPI_Abort(comm_, 70);

@@ -282,7 +282,6 @@ std::optional<Response> MessageTable::Add(int rank, const std::string& name, uin
   auto it = entries_.try_emplace(std::make_pair(name, seq)).first;
   Entry& e = it->second;
   if (e.by_rank.empty()) e.by_rank.resize(size_);
-  if (!e.by_rank[rank]) ++e.count;
   e.by_rank[rank] = sig;
   if (!Complete(e)) return std::nullopt;
   return Take(it);

@@ -35,7 +35,6 @@ class MessageTable {
  private:
   struct Entry {
     std::vector<std::optional<Signature>> by_rank;
-    int count = 0;
   };
   bool Complete(const Entry& e) const;
   Response Take(std::map<std::pair<std::string, uint64_t>, Entry>::iterator it);

@@ -56,7 +56,8 @@ bool ProcessSet::Advance(const CycleIntent& intent) {
 }
 
 void ProcessSet::Complete(Request* req, const Status& status) {
-  if (faults_.armed() && faults_.Fire(FaultPoint::kComplete, req->name)) {
+  // (A request the table no longer holds is not read: it may be gone.)
+  if (faults_.armed() && table_.StateOf(req) && faults_.Fire(FaultPoint::kComplete, req->name)) {
     Status failed = Status::Error(ErrorKind::kInternal,
                                   "jaxcache: completing '" + req->name + "' failed on rank " +
                                       std::to_string(comm_->rank()) + " (injected fault)");

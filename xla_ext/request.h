@@ -86,8 +86,24 @@ struct OutputStore {
   }
 };
 
+// Where a request stands in its RequestTable (the only one that changes it, under its
+// lock): queued behind an earlier submission of its name, active (its name's turn),
+// or taken by the driver that negotiates and executes it. A completed request is no
+// longer in the table (its completion has run or is queued to run).
+enum class RequestState : uint8_t { kQueued, kActive, kTaken };
+
+inline const char* RequestStateName(RequestState s) {
+  switch (s) {
+    case RequestState::kQueued: return "queued";
+    case RequestState::kActive: return "active";
+    case RequestState::kTaken: return "taken";
+  }
+  return "?";
+}
+
 struct Request {
   std::string name;
+  RequestState state = RequestState::kQueued;  // set by RequestTable
   uint64_t seq = 0;  // this rank's submission number of `name` (set by RequestTable)
   Signature sig;
   std::vector<const void*> inputs;  // one per tensor in sig.tensors

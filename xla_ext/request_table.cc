@@ -1,6 +1,7 @@
 #include "request_table.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 namespace jaxcache {
 
@@ -80,8 +81,10 @@ bool RequestTable::Admit(RequestPtr req, bool notify) {
                                       "' was cancelled on every rank)");
         } else {
           Request* raw = req.get();
+          held_.insert(raw);
           ns.queue.push_back(std::move(req));
           if (ns.queue.size() != 1) return false;
+          raw->state = RequestState::kActive;
           activated_.push_back(raw);
           if (notify) wakeup_.Notify();
           return true;
@@ -97,6 +100,7 @@ std::vector<Request*> RequestTable::TakeActive() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Request*> out;
   out.swap(activated_);
+  for (Request* r : out) r->state = RequestState::kTaken;
   return out;
 }
 
@@ -105,18 +109,32 @@ bool RequestTable::HasActive() const {
   return !activated_.empty();
 }
 
-void RequestTable::Complete(Request* req, const Status& status) {
+bool RequestTable::Complete(Request* req, const Status& status) {
   RequestPtr owned;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = names_.find(req->name);
-    if (it == names_.end() || it->second.queue.empty() || it->second.queue.front().get() != req)
-      return;  // not active here (already completed or cancelled): nothing to do
-    owned = std::move(it->second.queue.front());
-    it->second.queue.pop_front();
-    if (!it->second.queue.empty()) activated_.push_back(it->second.queue.front().get());
+    if (!held_.count(req)) return false;
+    if (req->state == RequestState::kQueued)
+      throw std::logic_error("jaxcache: internal error: completing '" + req->name + "' (submission " +
+                             std::to_string(req->seq) + "), which waits behind an earlier one");
+    NameState& ns = names_.at(req->name);  // held and not queued: the front of its name
+    owned = std::move(ns.queue.front());
+    ns.queue.pop_front();
+    held_.erase(req);
+    if (!ns.queue.empty()) {
+      Request* next = ns.queue.front().get();
+      next->state = RequestState::kActive;
+      activated_.push_back(next);
+    }
   }
   Finish(std::move(owned), status);
+  return true;
+}
+
+std::optional<RequestState> RequestTable::StateOf(const Request* req) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!held_.count(req)) return std::nullopt;
+  return req->state;
 }
 
 std::vector<std::pair<std::string, uint64_t>> RequestTable::Pending() const {
@@ -136,13 +154,17 @@ void RequestTable::Cancel(const std::map<std::string, uint64_t>& upto, const Sta
       NameState& ns = names_[name];
       ns.cancelled_below = std::max(ns.cancelled_below, last + 1);
       while (!ns.queue.empty() && ns.queue.front()->seq <= last) {
+        held_.erase(ns.queue.front().get());
         failed.push_back(std::move(ns.queue.front()));
         ns.queue.pop_front();
       }
     }
     activated_.clear();
-    for (auto& [name, ns] : names_)
-      if (!ns.queue.empty()) activated_.push_back(ns.queue.front().get());
+    for (auto& [name, ns] : names_) {
+      if (ns.queue.empty()) continue;
+      ns.queue.front()->state = RequestState::kActive;
+      activated_.push_back(ns.queue.front().get());
+    }
   }
   wakeup_.Notify();
   for (auto& r : failed) Finish(std::move(r), why);
@@ -159,6 +181,7 @@ void RequestTable::Close(const Status& why) {
     for (auto& [name, ns] : names_)
       for (auto& r : ns.queue) failed.push_back(std::move(r));
     names_.clear();
+    held_.clear();
     activated_.clear();
   }
   wakeup_.Notify();
@@ -174,12 +197,6 @@ void RequestTable::CountStandIn(const std::string& name, int64_t seq) {
   std::lock_guard<std::mutex> lock(mu_);
   NameState& ns = names_[name];
   ns.next_seq = seq >= 0 ? std::max(ns.next_seq, static_cast<uint64_t>(seq) + 1) : ns.next_seq + 1;
-}
-
-bool RequestTable::HasInFlight(const std::string& name) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = names_.find(name);
-  return it != names_.end() && !it->second.queue.empty();
 }
 
 }  // namespace jaxcache

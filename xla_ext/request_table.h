@@ -14,8 +14,10 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -75,9 +77,14 @@ class RequestTable {
   // Requests are active and not yet taken.
   bool HasActive() const;
 
-  // Background thread: completes an active request (exactly once) and
-  // activates the next submission of its name.
-  void Complete(Request* req, const Status& status);
+  // Background thread: completes an active or taken request (exactly once)
+  // and activates the next submission of its name. A request this table does
+  // not hold (completed, cancelled or closed already, or a join stand-in) is
+  // left alone, without being read: false. Completing a queued request (not
+  // its name's turn) is a bug: std::logic_error.
+  bool Complete(Request* req, const Status& status);
+  // The state of a request this table holds, or nullopt (tests, checks).
+  std::optional<RequestState> StateOf(const Request* req) const;
   // Every request of this rank, active or waiting, as (name, seq).
   std::vector<std::pair<std::string, uint64_t>> Pending() const;
   // Fails every request whose seq <= upto[name] and refuses later submissions
@@ -87,7 +94,6 @@ class RequestTable {
   // Fails every request and refuses later submissions with `why`.
   void Close(const Status& why);
   bool closed() const;
-  bool HasInFlight(const std::string& name) const;
   // Background thread: a joined rank took part in submission `seq` of `name`
   // through a stand-in (join_state.h), or in the next one when `seq` < 0; its
   // own next submission of `name` gets the following number.
@@ -106,6 +112,9 @@ class RequestTable {
   Wakeup& wakeup_;
   mutable std::mutex mu_;
   std::unordered_map<std::string, NameState> names_;
+  // Every request held (queued, active or taken): a pointer is looked up here
+  // before it is dereferenced, so a stale one is never read.
+  std::unordered_set<const Request*> held_;
   std::vector<Request*> activated_;
   bool closed_ = false;
   Status closed_status_;

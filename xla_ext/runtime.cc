@@ -89,7 +89,11 @@ std::string Runtime::StartTimeline(const std::string& path, bool mark_cycles) {
 void Runtime::StopTimeline() { timeline_.Close(); }
 
 Runtime::~Runtime() {
-  if (thread_.joinable()) thread_.join();
+  if (!thread_.joinable()) return;
+  // Destroyed on its own thread: the process exits from there (MPI_Abort may
+  // call exit() after a peer stopped answering), and a thread cannot join itself.
+  if (thread_.get_id() == std::this_thread::get_id()) thread_.detach();
+  else thread_.join();
 }
 
 std::vector<std::shared_ptr<ProcessSet>> Runtime::Sets() const {
@@ -200,18 +204,21 @@ std::string Runtime::Stop(double timeout_s) {
                              : "jaxcache: the background thread is stuck (the other ranks do not "
                                "answer); leaving it behind";
   }
-  Status closed = Status::Error(ErrorKind::kShutdown,
-                                "jaxcache: the runtime has been shut down; call jaxcache.init() "
-                                "before using collectives");
-  for (auto& set : rt->Sets()) set->table().Close(closed);
   bool done;
   {
     std::lock_guard<std::mutex> lock(rt->done_mu_);
     done = rt->loop_done_;
   }
-  if (done) {
-    rt->thread_.join();
-  } else {
+  // Joined first: the tables are closed once no driver can touch their requests.
+  if (done) rt->thread_.join();
+  Status closed = Status::Error(ErrorKind::kShutdown,
+                                "jaxcache: the runtime has been shut down; call jaxcache.init() "
+                                "before using collectives");
+  // A loop thread still stuck (left behind below: no rank answers) completes
+  // nothing it no longer holds (RequestTable::Complete does not read those),
+  // but may still be inside an MPI call on their buffers: only a dead job ends so.
+  for (auto& set : rt->Sets()) set->table().Close(closed);
+  if (!done) {
     // The runtime object is leaked on purpose: its thread still uses it.
     rt->thread_.detach();
     new std::shared_ptr<Runtime>(rt);

@@ -70,7 +70,6 @@ class Runtime {
   void StopTimeline();
 
   const Comm& comm() const { return global_->comm(); }
-  ProcessSet& global() { return *global_; }
   bool running() const { return !global_->table().closed(); }
 
  private:
