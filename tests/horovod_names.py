@@ -1,6 +1,8 @@
 """The public names of Horovod 0.28.1's horovod.torch, horovod.tensorflow and
 horovod.tensorflow.keras (and their callbacks / elastic submodules), as a Horovod user sees
-them. docs/horovod.md gives each a status; tests check that every one exists in jaxcache."""
+them. docs/horovod.md gives each a status; tests/test_horovod_names.py checks that the tables
+list exactly these names and that every one of them, called in a 2-rank job, does what it
+should (tests/mpi/horovod_names_torch.py, horovod_names_tf.py)."""
 
 TORCH = [
     "init", "shutdown", "is_initialized", "start_timeline", "stop_timeline", "size", "local_size",

@@ -2,7 +2,8 @@
   one-rank  - rank 0 shuts down while the others wait for a collective it never submits:
               after JAXCACHE_SHUTDOWN_TIMEOUT it stops anyway and they fail with ShutdownError
   exit      - every rank exits with async-dispatched collectives in flight
-  kill      - the last rank SIGKILLs itself in the middle of a training loop
+  kill      - the last rank SIGKILLs itself in the middle of a training loop, after printing
+              the wall-clock time of the kill (the driver measures from it)
 """
 
 import os
@@ -45,11 +46,15 @@ elif mode == "exit":
     print(f"rank {rank}: exiting with collectives in flight", flush=True)
     # Fall off the end: atexit shuts the runtime down.
 elif mode == "kill":
+    # The driver turns Hydra's teardown off (-disable-auto-cleanup, each rank under sh); Hydra
+    # then sends the survivors SIGUSR1 (MPICH's failure notification) when a rank dies. Ignored,
+    # so that the job can only end because the runtime itself notices the dead rank.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     step = jax.jit(lambda t: jc.grouped_allreduce(t, name="train"))
     tree = {"w": jnp.ones((256, 256)), "b": jnp.ones(256)}
     for i in range(100000):
         tree = step(tree)
         if i == 20 and rank == size - 1:
-            print(f"rank {rank}: killing myself", flush=True)
+            print(f"rank {rank}: killing myself at {time.time():.3f}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
     raise AssertionError("training loop survived a dead rank")
