@@ -108,10 +108,7 @@ def run_size(nbytes: int, jax: Any, jc: Any, batches: int, target_s: float) -> d
             row[f"{name}_GBps"] = nbytes / seconds / 1e9
     for name in ("jc_eager", "jc_jit"):
         row[f"{name}/mpi"] = common.ratio(row.get(f"{name}_us"), row.get("mpi4py_us"))
-    row["other_load"] = meter.stop()
-    meter.free()
-    row["note"] = "; ".join(notes)
-    return row
+    return common.finish_row(row, meter, notes)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -147,11 +144,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                "mpi4py_GBps", "jc_eager_GBps", "jc_jit_GBps", "other_load", "note"]
     common.say(f"P={COMM.Get_size()}; GB/s = bytes / time per call (algorithm bandwidth); other_load = "
                "cores used by processes outside this job while measuring (~0 = idle host)")
-    common.print_table(rows, columns)
-    load_after = common.say_load("after")
-    common.dump_json(args.json, {"load_before": load_before, "load_after": load_after,
-                                 "benchmark": "allreduce", "P": COMM.Get_size(),
-                                 "batches": args.batches, "rows": rows})
+    common.report(rows, columns, "allreduce", args.json, load_before, batches=args.batches)
 
 
 if __name__ == "__main__":

@@ -151,10 +151,7 @@ def run_size(op: str, nbytes: int, mods: dict, batches: int, target_s: float) ->
     row["jc_jit/mpi4py_xla"] = common.ratio(row.get("jc_jit_us"), row.get("mpi4py_xla_us"))
     if row.get("mpi4py_us") and row.get("jax_call_us"):
         row["jc_jit/(mpi+call)"] = common.ratio(row.get("jc_jit_us"), row["mpi4py_us"] + row["jax_call_us"])
-    row["other_load"] = meter.stop()
-    meter.free()
-    row["note"] = "; ".join(notes)
-    return row
+    return common.finish_row(row, meter, notes)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -206,11 +203,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     common.say(f"P={COMM.Get_size()}; size = bytes of each rank's input; mpi4py = Reduce_scatter_block "
                "(sum) / Alltoall; jax_call = a trivial jitted call (JAX's dispatch); "
                "other_load = cores used by processes outside this job (~0 = idle host)")
-    common.print_table(rows, columns)
-    load_after = common.say_load("after")
-    common.dump_json(args.json, {"load_before": load_before, "load_after": load_after,
-                                 "benchmark": "collectives", "P": COMM.Get_size(),
-                                 "batches": args.batches, "rows": rows})
+    common.report(rows, columns, "collectives", args.json, load_before, batches=args.batches)
 
 
 if __name__ == "__main__":

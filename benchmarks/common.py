@@ -148,17 +148,7 @@ def synced_steps(
     fn: Callable[[], Any], warmup: int, steps: int, comm: MPI.Comm = COMM
 ) -> list[float]:
     """Per-step seconds, each step started after a barrier; the slowest rank counts."""
-    for _ in range(warmup):
-        fn()
-    local = np.empty(steps)
-    for i in range(steps):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        local[i] = time.perf_counter() - t0
-    slowest = np.empty_like(local)
-    comm.Allreduce(local, slowest, op=MPI.MAX)
-    return slowest.tolist()
+    return synced_batches(fn, warmup, steps, 1, comm)
 
 
 def synced_batches(
@@ -295,6 +285,25 @@ class OtherLoad:
 
     def free(self) -> None:
         self._node.Free()
+
+
+def finish_row(row: dict[str, Any], meter: "OtherLoad", notes: Sequence[str]) -> dict[str, Any]:
+    """A table row's last cells: the load other processes put on the host while it was
+    measured (`meter`, started before), and the notes."""
+    row["other_load"] = meter.stop()
+    meter.free()
+    row["note"] = "; ".join(notes)
+    return row
+
+
+def report(rows: Sequence[dict[str, Any]], columns: Sequence[str], benchmark: str, json_path: str | None,
+           load_before: float | None, **settings: Any) -> None:
+    """The end of every benchmark: its table, the load after, and the JSON record
+    (`settings`: the run's parameters, e.g. batches=...)."""
+    print_table(rows, columns)
+    load_after = say_load("after")
+    dump_json(json_path, {"load_before": load_before, "load_after": load_after, "benchmark": benchmark,
+                          "P": COMM.Get_size(), **settings, "rows": rows})
 
 
 def dump_json(path: str | None, payload: dict[str, Any], comm: MPI.Comm = COMM) -> None:

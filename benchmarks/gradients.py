@@ -26,9 +26,9 @@ import numpy as np  # noqa: E402
 
 import common  # noqa: E402  (imports mpi4py.MPI first)
 from common import COMM, MPI, Shape, Stats  # noqa: E402
+from jaxcache.bench import ddp_allreduce  # noqa: E402  (DDP's bucketing, defined once)
 
 BASELINES = ("mpi_fused", "mpi_per_tensor")
-DDP_BUCKET_BYTES = 25 * 1024 * 1024
 FLOOR_SCALE = 0.5
 MIN_STEPS = 5
 
@@ -161,40 +161,9 @@ def build_jaxcache_eager(ctx: Context) -> Bench:
 # --- PyTorch peer -----------------------------------------------------------
 
 
-def ddp_buckets(nbytes: Sequence[int], cap: int = DDP_BUCKET_BYTES) -> list[list[int]]:
-    """Tensor indices grouped like DDP: reverse order, a bucket closes once it reaches ``cap``."""
-    buckets: list[list[int]] = [[]]
-    filled = 0
-    for i in reversed(range(len(nbytes))):
-        buckets[-1].append(i)
-        filled += nbytes[i]
-        if filled >= cap:
-            buckets.append([])
-            filled = 0
-    return [b for b in buckets if b]
-
-
 def build_torch_gloo(ctx: Context) -> Bench:
     torch = ctx.mods["torch"]
-    dist = torch.distributed
-    size = ctx.size
-    grads = [torch.from_numpy(a) for a in ctx.local]
-    outs = [torch.empty_like(g) for g in grads]
-    buckets = ddp_buckets([a.nbytes for a in ctx.local])
-
-    def step() -> list[Any]:
-        pending = []
-        for bucket in buckets:
-            flat = torch.cat([grads[i].reshape(-1) for i in bucket])
-            pending.append((bucket, flat, dist.all_reduce(flat, async_op=True)))
-        for bucket, flat, work in pending:
-            work.wait()
-            flat.div_(size)
-            chunks = flat.split([grads[i].numel() for i in bucket])
-            for i, chunk in zip(bucket, chunks, strict=True):
-                outs[i].copy_(chunk.view_as(outs[i]))
-        return outs
-
+    step = ddp_allreduce(torch, [torch.from_numpy(a) for a in ctx.local], ctx.size)
     return Bench(step, lambda out: [t.numpy() for t in out], "average")
 
 
@@ -419,11 +388,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         stop_runtimes(mods)
     columns = ["method", "set", "P", "median_ms", "p10_ms", "p90_ms", "ratio_vs_mpi", "other_load", "note"]
     common.say("other_load: cores used by processes outside this job while timing (~0 = idle host)")
-    common.print_table(rows, columns)
-    load_after = common.say_load("after")
-    common.dump_json(args.json, {"load_before": load_before, "load_after": load_after,
-                                 "benchmark": "gradients", "P": COMM.Get_size(),
-                                 "steps": args.steps, "warmup": args.warmup, "rows": rows})
+    common.report(rows, columns, "gradients", args.json, load_before, steps=args.steps, warmup=args.warmup)
 
 
 if __name__ == "__main__":

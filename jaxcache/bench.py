@@ -197,13 +197,12 @@ def ddp_buckets(nbytes: Sequence[int], cap: int = DDP_BUCKET_BYTES) -> list[list
     return [b for b in buckets if b]
 
 
-def build_torch_gloo(local: list[np.ndarray], mods: dict) -> Method:
-    torch = mods["torch"]
+def ddp_allreduce(torch: Any, grads: list, size: int) -> Callable[[], list]:
+    """A step that averages `grads` as PyTorch DDP does over torch.distributed: buckets in
+    reverse order, each flattened into one asynchronous all_reduce; returns the results."""
     dist = torch.distributed
-    grads = [torch.from_numpy(a) for a in local]
     outs = [torch.empty_like(g) for g in grads]
-    buckets = ddp_buckets([a.nbytes for a in local])
-    size = COMM.size
+    buckets = ddp_buckets([g.numel() * g.element_size() for g in grads])
 
     def step():
         pending = []
@@ -217,6 +216,12 @@ def build_torch_gloo(local: list[np.ndarray], mods: dict) -> Method:
                 outs[i].copy_(chunk.view_as(outs[i]))
         return outs
 
+    return step
+
+
+def build_torch_gloo(local: list[np.ndarray], mods: dict) -> Method:
+    torch = mods["torch"]
+    step = ddp_allreduce(torch, [torch.from_numpy(a) for a in local], COMM.size)
     return Method(step, lambda out: [t.numpy() for t in out], "average")
 
 

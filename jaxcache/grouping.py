@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import jax
+
+from . import session
 
 KeyPath = tuple
 
@@ -132,3 +134,25 @@ def plan(paths: Sequence[KeyPath], sizes: Sequence[int], *, num_groups: int | No
     if groups is not None:
         return explicit(paths, groups)
     return by_bytes(sizes, default_bytes)
+
+
+def run_groups(named: tuple[str, bool], paths: Sequence[KeyPath], values: Sequence, treedef,
+               per_group: Callable[[list, str, bool], Sequence], *, num_groups: int | None,
+               group_bytes: int | None, groups):
+    """The grouped collectives' shared frame: plans the groups (by default at most
+    JAXCACHE_FUSION_THRESHOLD bytes each), runs `per_group(values, name, automatic)` once
+    per group (one request each, named `base/{g}of{n}` after `named` = (base, automatic)),
+    and puts the results back in the tree's order (a tree without arrays comes back as is)."""
+    if not values:
+        return jax.tree_util.tree_unflatten(treedef, [])
+    base, auto = named
+    default_bytes = session.settings().fusion_threshold
+    sizes = [v.size * v.dtype.itemsize for v in values]
+    chosen = plan(paths, sizes, num_groups=num_groups, group_bytes=group_bytes, groups=groups,
+                  default_bytes=default_bytes)
+    out = [None] * len(values)
+    for g, members in enumerate(chosen):
+        results = per_group([values[i] for i in members], f"{base}/{g}of{len(chosen)}", auto)
+        for i, r in zip(members, results):
+            out[i] = r
+    return jax.tree_util.tree_unflatten(treedef, out)

@@ -18,10 +18,9 @@ import numpy as np
 
 from . import process_sets
 from . import runtime as _runtime
-from ._ext import ext
-from .errors import raise_for_status
+from . import submit
 from .ops import eager, naming, validation
-from .protocol import Kind, NUMPY_DTYPES
+from .protocol import Kind
 
 try:
     import cloudpickle as _pickler
@@ -39,10 +38,8 @@ def _name(name: str | None, kind: str, api: str) -> str:
 
 
 def _broadcast_bytes(name: str, buf: np.ndarray, root: int, process_set: int) -> None:
-    handle = ext.submit(Kind.BROADCAST, name, [buf], [buf], 0, 1.0, 1.0, root,
-                        [NUMPY_DTYPES[buf.dtype]], process_set=process_set)
-    status, message = eager.wait(handle, buf)
-    raise_for_status(status, message)
+    submit.submit(Kind.BROADCAST, name, [buf], [buf], submit.codes_of([buf]), root=root,
+                  process_set=process_set).wait()
 
 
 def broadcast(obj: Any, root: int, name: str | None, api: str, process_set=None) -> Any:

@@ -19,6 +19,7 @@ from typing import NamedTuple, Sequence, Union
 
 from mpi4py import MPI
 
+from . import session as _session
 from ._ext import ext
 
 
@@ -85,9 +86,6 @@ global_process_set.process_set_id = 0
 global_process_set.ranks = None
 global_process_set.mpi_comm = None
 
-_job_comm: MPI.Comm | None = None
-_registered: dict[int, ProcessSet] = {}
-_next_id = 1
 
 
 class Resolved(NamedTuple):
@@ -98,22 +96,29 @@ class Resolved(NamedTuple):
     ranks: tuple  # the members' global ranks, in set-rank order
 
 
-def started(job_comm: MPI.Comm, size: int) -> None:
+def started(state: _session.Session, size: int) -> None:
     """Called by init(): a new runtime knows only the global set."""
-    global _job_comm, _next_id
-    for ps in _registered.values():
+    global_process_set.ranks = list(range(size))
+    state.process_sets[0] = global_process_set
+
+
+def ended(state: _session.Session) -> None:
+    """Called by shutdown(): the sets of the session are registered no more."""
+    for ps in state.process_sets.values():
         if ps is not global_process_set:
             ps.process_set_id = None
-    _registered.clear()
-    _job_comm = job_comm
-    _next_id = 1
-    global_process_set.ranks = list(range(size))
-    _registered[0] = global_process_set
+    state.process_sets.clear()
+
+
+def _registered() -> dict[int, ProcessSet]:
+    """The running session's process sets by id (empty when none runs)."""
+    state = _session.peek()
+    return state.process_sets if state is not None else {}
 
 
 def _global_ranks(comm: MPI.Comm) -> tuple:
     """The job ranks of `comm`'s processes in `comm`'s rank order (ValueError if one is not in the job)."""
-    group, job_group = comm.Get_group(), _job_comm.Get_group()
+    group, job_group = comm.Get_group(), _session.current().job_comm.Get_group()
     try:
         ranks = MPI.Group.Translate_ranks(group, list(range(group.Get_size())), job_group)
     finally:
@@ -175,34 +180,31 @@ def add_process_set(process_set: Union[ProcessSet, Sequence[int], MPI.Comm]) -> 
     ProcessSet (the one passed, now with its `process_set_id`). Raises ValueError on every
     rank when the ranks disagree or the set is registered already.
     """
-    from . import runtime
-
-    global _next_id
-    runtime.require_initialized("jaxcache.add_process_set()")
+    state = _session.current("jaxcache.add_process_set()")
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.process_set_id is not None:
         raise ValueError(f"jaxcache.add_process_set: {ps} is registered already")
     size, me = ext.size(), ext.rank()
     mine = _describe(ps, size)
-    descriptions = _job_comm.allgather(mine)
+    descriptions = state.job_comm.allgather(mine)
     sets = _agreed_sets(descriptions)
-    known = {tuple(sorted(p.ranks)): i for i, p in _registered.items()}
+    known = {tuple(sorted(p.ranks)): i for i, p in state.process_sets.items()}
     for s in sets:
         if tuple(sorted(s)) in known:
             i = known[tuple(sorted(s))]
             what = "the global process set" if i == 0 else f"process set {i}"
             raise ValueError(f"jaxcache.add_process_set: ranks {sorted(s)} are {what} already")
-    ids = {s: _next_id + k for k, s in enumerate(sets)}
-    _next_id += len(sets)
+    ids = {s: state.next_set_id + k for k, s in enumerate(sets)}
+    state.next_set_id += len(sets)
     for s in sets:
         if me not in s:
             continue
         if mine[0] == "comm":
             ext.add_process_set(ids[s], MPI._addressof(ps.mpi_comm))  # duplicated by the runtime
         else:
-            job_group = _job_comm.Get_group()
+            job_group = state.job_comm.Get_group()
             group = job_group.Incl(list(s))
-            comm = _job_comm.Create_group(group)  # collective over the members only
+            comm = state.job_comm.Create_group(group)  # collective over the members only
             try:
                 ext.add_process_set(ids[s], MPI._addressof(comm))
             finally:
@@ -217,7 +219,7 @@ def add_process_set(process_set: Union[ProcessSet, Sequence[int], MPI.Comm]) -> 
         entry.ranks, entry.process_set_id = list(s), ids[s]
         if s != own:
             entry.mpi_comm = None
-        _registered[ids[s]] = entry
+        state.process_sets[ids[s]] = entry
     return ps
 
 
@@ -229,41 +231,40 @@ def remove_process_set(process_set: Union[ProcessSet, MPI.Comm]) -> bool:
     pending in the set fail on its members with ShutdownError. Waits up to
     JAXCACHE_SHUTDOWN_TIMEOUT seconds for the other members.
     """
-    from . import runtime
-
-    runtime.require_initialized("jaxcache.remove_process_set()")
+    state = _session.current("jaxcache.remove_process_set()")
     if isinstance(process_set, MPI.Comm):
         process_set = _by_comm(process_set, "remove_process_set")
     elif not isinstance(process_set, ProcessSet):
         raise TypeError("jaxcache.remove_process_set: pass a jaxcache.ProcessSet or an mpi4py "
                         f"communicator, got {type(process_set).__name__}")
     set_id = process_set.process_set_id
-    if set_id is not None and _registered.get(set_id) is not process_set:
+    if set_id is not None and state.process_sets.get(set_id) is not process_set:
         set_id = None
-    ids = _job_comm.allgather(set_id)
+    ids = state.job_comm.allgather(set_id)
     named = {i for i in ids if i not in (None, 0)}
     everyone_same = len(set(ids)) == 1
     for r, i in enumerate(ids):
         if i in (None, 0):
             continue
-        members = _registered[i].ranks
+        members = state.process_sets[i].ranks
         if not all(ids[m] == i for m in members) or not (everyone_same or r in members):
             raise ValueError("jaxcache.remove_process_set: the ranks disagree on the set to remove "
                              f"(process set ids by rank: {ids}); every rank names the same set, "
                              "or each rank its own set of a Split")
     for i in sorted(named):
-        if ext.rank() in _registered[i].ranks:
-            problem = ext.remove_process_set(i, runtime.settings().shutdown_timeout_s)
+        if ext.rank() in state.process_sets[i].ranks:
+            problem = ext.remove_process_set(i, state.settings.shutdown_timeout_s)
             if problem:
                 warnings.warn(problem, RuntimeWarning, stacklevel=2)
-        _registered.pop(i).process_set_id = None
+        state.process_sets.pop(i).process_set_id = None
     process_set.process_set_id = None if set_id in named else process_set.process_set_id
     return set_id in named
 
 
 def registered() -> list[ProcessSet]:
     """The registered process sets, the global one first."""
-    return [_registered[i] for i in sorted(_registered)]
+    sets = _registered()
+    return [sets[i] for i in sorted(sets)]
 
 
 def _by_comm(comm: MPI.Comm, fn: str) -> ProcessSet:
@@ -271,7 +272,7 @@ def _by_comm(comm: MPI.Comm, fn: str) -> ProcessSet:
         raise ValueError(f"jaxcache.{fn}: process_set is MPI.COMM_NULL: this rank is not in that "
                          "communicator")
     ranks = _global_ranks(comm)
-    for ps in _registered.values():
+    for ps in _registered().values():
         if tuple(ps.ranks) == ranks:
             return ps
     raise ValueError(f"jaxcache.{fn}: the communicator of global ranks {list(ranks)} is not a "
@@ -282,7 +283,7 @@ def _by_comm(comm: MPI.Comm, fn: str) -> ProcessSet:
 def _same_as_registered(ps: ProcessSet, fn: str) -> ProcessSet:
     if ps.mpi_comm is not None and ps.ranks is None:
         return _by_comm(ps.mpi_comm, fn)
-    for registered_set in _registered.values():
+    for registered_set in _registered().values():
         if ps.ranks is not None and sorted(registered_set.ranks) == sorted(ps.ranks):
             return registered_set
     raise ValueError(f"jaxcache.{fn}: {ps} is not registered (add it on every rank with "
@@ -311,7 +312,7 @@ def resolve(process_set, fn: str, member: bool = True, comm=None) -> Resolved:
     elif not isinstance(process_set, ProcessSet):
         raise TypeError(f"jaxcache.{fn}: process_set must be a jaxcache.ProcessSet or an mpi4py "
                         f"communicator, got {type(process_set).__name__}")
-    if _registered.get(process_set.process_set_id) is not process_set:
+    if _registered().get(process_set.process_set_id) is not process_set:
         # An unregistered object naming a registered set's ranks (or communicator) means it.
         process_set = _same_as_registered(process_set, fn)
     set_id = process_set.process_set_id

@@ -15,12 +15,14 @@ from typing import Sequence
 from . import allocator as _allocator
 from . import config as _config
 from . import process_sets as _process_sets
+from . import session as _session
 from ._ext import ext
 from .errors import raise_for_status
 
+# Process-wide, not per session: the exit handler is registered once, the allocator's
+# report (what it did at import) logged once.
 _atexit_registered = False
-_settings = _config.Config()  # rank 0's, once init() has run
-_allocator_logged = False  # init() logs what jaxcache.allocator did, once
+_allocator_logged = False
 
 
 def init(comm: MPI.Comm | None = None, process_sets: Sequence | None = None) -> None:
@@ -31,7 +33,7 @@ def init(comm: MPI.Comm | None = None, process_sets: Sequence | None = None) -> 
     registered in order, as by `add_process_set` on every rank. Calling it again while the
     runtime is running does nothing; after `shutdown()` it starts a new runtime.
     """
-    global _atexit_registered, _settings, _allocator_logged
+    global _atexit_registered, _allocator_logged
     if ext.running():
         return
     if comm is None:
@@ -49,8 +51,10 @@ def init(comm: MPI.Comm | None = None, process_sets: Sequence | None = None) -> 
         _allocator_logged = True
         logging.getLogger("jaxcache").info("malloc settings (jaxcache.allocator): %s",
                                            _allocator.report())
-    _settings = cfg
-    _process_sets.started(comm, ext.size())
+    stale = _session.peek()  # a runtime that stopped without shutdown() here
+    if stale is not None:
+        _process_sets.ended(stale)
+    _process_sets.started(_session.begin(cfg, comm), ext.size())
     for ps in process_sets or ():
         _process_sets.add_process_set(ps)
     if not _atexit_registered:
@@ -80,7 +84,11 @@ def shutdown() -> None:
     it stops anyway and says which ranks never came. Collectives still pending then fail
     with ShutdownError on every rank. Also runs at interpreter exit.
     """
-    problem = ext.shutdown(_settings.shutdown_timeout_s)
+    problem = ext.shutdown(_session.settings().shutdown_timeout_s)
+    state = _session.peek()
+    if state is not None:
+        _process_sets.ended(state)
+        _session.end()
     if problem:
         print(f"jaxcache: warning: rank {_rank_or_unknown()}: {problem}", file=sys.stderr, flush=True)
 
@@ -112,8 +120,9 @@ def barrier(name: str = "jaxcache.barrier", *, process_set=None, comm=None) -> N
 
 
 def settings() -> _config.Config:
-    """The settings the runtime runs with (rank 0's, from the last init())."""
-    return _settings
+    """The settings the runtime runs with (rank 0's, agreed at init()); the defaults when
+    it is not running."""
+    return _session.settings()
 
 
 JOIN_NAME = "jaxcache.join"
@@ -143,30 +152,28 @@ def is_initialized() -> bool:
 
 
 def require_initialized(what: str = "this operation") -> None:
-    if not ext.running():
-        raise RuntimeError(
-            f"jaxcache is not initialized (or has been shut down): call jaxcache.init() before {what}"
-        )
+    _session.current(what)
 
 
-def rank() -> int:
-    require_initialized("jaxcache.rank()")
-    return ext.rank()
+def query_function(name: str, read, doc: str, require=None):
+    """A function `name`() that returns read() once require(name) passed (default: the
+    runtime runs, else RuntimeError); the bridges make Horovod's query functions with it."""
+    def query():
+        if require is None:
+            _session.current(f"jaxcache.{name}()")
+        else:
+            require(name)
+        return read()
+
+    query.__name__ = query.__qualname__ = name
+    query.__doc__ = doc
+    return query
 
 
-def size() -> int:
-    require_initialized("jaxcache.size()")
-    return ext.size()
-
-
-def local_rank() -> int:
-    require_initialized("jaxcache.local_rank()")
-    return ext.local_rank()
-
-
-def local_size() -> int:
-    require_initialized("jaxcache.local_size()")
-    return ext.local_size()
+rank = query_function("rank", ext.rank, "This process's rank in the job (in init()'s communicator).")
+size = query_function("size", ext.size, "The number of ranks in the job.")
+local_rank = query_function("local_rank", ext.local_rank, "This process's rank among the job's ranks on its node.")
+local_size = query_function("local_size", ext.local_size, "The number of the job's ranks on this node.")
 
 
 def start_timeline(path: str | os.PathLike, mark_cycles: bool = False) -> None:

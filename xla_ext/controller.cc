@@ -516,12 +516,7 @@ void Controller::Reset() {
   for (auto& [bit, r] : cached_) timeline_.NegotiateEnd(r->name);
   for (auto* r : unsent_) timeline_.NegotiateEnd(r->name);
   for (auto& [name, r] : sent_) timeline_.NegotiateEnd(name);
-  cached_.clear();
-  unsent_.clear();
-  sent_.clear();
-  invalid_.clear();
-  rejected_.clear();
-  join_.Reset();
+  DropRequests();
   cache_.Clear();
   message_.ReleaseAll();
   messages_.Clear();
@@ -557,6 +552,10 @@ void Controller::FailAll(const Status& status, CycleOutcome* out) {
   for (auto& [name, r] : sent_) out->failed.emplace_back(r, status);
   for (auto* r : rejected_) out->failed.emplace_back(r, status);
   if (join_.requested()) out->failed.emplace_back(join_.request(), status);
+  DropRequests();
+}
+
+void Controller::DropRequests() {
   cached_.clear();
   unsent_.clear();
   sent_.clear();

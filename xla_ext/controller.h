@@ -110,6 +110,8 @@ class Controller {
   Task<> CancelRound(CancelCause cause);
   Task<> StallReport();
   void Reset();
+  // Forgets every request this controller holds (the owner, RequestTable, keeps them).
+  void DropRequests();
   Clock::time_point OldestPending() const;
   void PublishLayout();
 

@@ -124,12 +124,20 @@ ffi::Error RunStaged(cudaStream_t stream, const CollectiveCall& call, const Call
   return ffi::Error::Success();
 }
 
-ffi::Error AllreduceImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
+// As on the CPU (ffi_handlers.cc): the kinds whose handlers differ only in their Kind.
+template <Kind kKind>
+ffi::Error ReductionImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
                          ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size,
                          int64_t set, int64_t op, double prescale, double postscale) {
-  return RunStaged(stream,
-                   {Kind::kAllreduce, world_size, int32_t(set), static_cast<ReduceOp>(op), prescale, postscale, 0},
+  return RunStaged(stream, {kKind, world_size, int32_t(set), static_cast<ReduceOp>(op), prescale, postscale, 0},
                    *site, args, rets);
+}
+
+template <Kind kKind>
+ffi::Error MovementImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
+                        ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size,
+                        int64_t set) {
+  return RunStaged(stream, {kKind, world_size, int32_t(set)}, *site, args, rets);
 }
 
 ffi::Error BroadcastImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
@@ -138,26 +146,6 @@ ffi::Error BroadcastImpl(cudaStream_t stream, CudaCallSite* site, ffi::Remaining
   return RunStaged(stream,
                    {Kind::kBroadcast, world_size, int32_t(set), ReduceOp::kSum, 1.0, 1.0, static_cast<int32_t>(root)},
                    *site, args, rets);
-}
-
-ffi::Error AllgatherImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
-                         ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size,
-                         int64_t set) {
-  return RunStaged(stream, {Kind::kAllgather, world_size, int32_t(set)}, *site, args, rets);
-}
-
-ffi::Error ReducescatterImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
-                             ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size,
-                             int64_t set, int64_t op, double prescale, double postscale) {
-  return RunStaged(stream,
-                   {Kind::kReducescatter, world_size, int32_t(set), static_cast<ReduceOp>(op), prescale, postscale, 0},
-                   *site, args, rets);
-}
-
-ffi::Error AlltoallImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
-                        ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size,
-                         int64_t set) {
-  return RunStaged(stream, {Kind::kAlltoall, world_size, int32_t(set)}, *site, args, rets);
 }
 
 ffi::Error RankImpl(cudaStream_t stream, ffi::Result<ffi::Buffer<ffi::S32>> out,
@@ -210,15 +198,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(AlltoallCudaInstantiate, InstantiateGather<CudaCal
   ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::State<CudaCallSite>>() \
       .RemainingArgs().RemainingRets()
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AllreduceCudaHandler, AllreduceImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AllreduceCudaHandler, ReductionImpl<Kind::kAllreduce>,
                               JAXCACHE_CUDA_BIND JAXCACHE_FFI_REDUCE_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BroadcastCudaHandler, BroadcastImpl,
                               JAXCACHE_CUDA_BIND JAXCACHE_FFI_BROADCAST_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherCudaHandler, AllgatherImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherCudaHandler, MovementImpl<Kind::kAllgather>,
                               JAXCACHE_CUDA_BIND JAXCACHE_FFI_COMMON_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ReducescatterCudaHandler, ReducescatterImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ReducescatterCudaHandler, ReductionImpl<Kind::kReducescatter>,
                               JAXCACHE_CUDA_BIND JAXCACHE_FFI_REDUCE_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AlltoallCudaHandler, AlltoallImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AlltoallCudaHandler, MovementImpl<Kind::kAlltoall>,
                               JAXCACHE_CUDA_BIND JAXCACHE_FFI_COMMON_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RankCudaHandler, RankImpl,
                               ffi::Ffi::Bind()

@@ -72,34 +72,26 @@ ffi::Future Submit(const CollectiveCall& call, const CallSite& site, ffi::Remain
   return future;
 }
 
-ffi::Future AllreduceImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
+// The kinds whose handlers differ only in their Kind: the reductions (op and
+// scales) and those that move data unreduced (allgather, alltoall).
+template <Kind kKind>
+ffi::Future ReductionImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
                           std::string_view, int64_t, int64_t world_size, int64_t set, int64_t op,
                           double prescale, double postscale) {
-  return Submit({Kind::kAllreduce, world_size, int32_t(set), static_cast<ReduceOp>(op), prescale, postscale, 0},
+  return Submit({kKind, world_size, int32_t(set), static_cast<ReduceOp>(op), prescale, postscale, 0},
                 *site, args, rets);
+}
+
+template <Kind kKind>
+ffi::Future MovementImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                         std::string_view, int64_t, int64_t world_size, int64_t set) {
+  return Submit({kKind, world_size, int32_t(set)}, *site, args, rets);
 }
 
 ffi::Future BroadcastImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
                           std::string_view, int64_t, int64_t world_size, int64_t set, int64_t root) {
   return Submit({Kind::kBroadcast, world_size, int32_t(set), ReduceOp::kSum, 1.0, 1.0, static_cast<int32_t>(root)},
                 *site, args, rets);
-}
-
-ffi::Future AllgatherImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                          std::string_view, int64_t, int64_t world_size, int64_t set) {
-  return Submit({Kind::kAllgather, world_size, int32_t(set)}, *site, args, rets);
-}
-
-ffi::Future ReducescatterImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                              std::string_view, int64_t, int64_t world_size, int64_t set, int64_t op,
-                              double prescale, double postscale) {
-  return Submit({Kind::kReducescatter, world_size, int32_t(set), static_cast<ReduceOp>(op), prescale, postscale, 0},
-                *site, args, rets);
-}
-
-ffi::Future AlltoallImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                         std::string_view, int64_t, int64_t world_size, int64_t set) {
-  return Submit({Kind::kAlltoall, world_size, int32_t(set)}, *site, args, rets);
 }
 
 ffi::Error RankImpl(ffi::Result<ffi::Buffer<ffi::S32>> out, int64_t process_set) {
@@ -183,45 +175,28 @@ ffi::ErrorOr<int32_t> RunningRank(int64_t process_set) {
 void* CpuCallSiteTypeId() { return &CpuCallSite::id; }
 void* CpuCallSiteTypeInfo() { return &cpu_call_site_type_info; }
 
+#define JAXCACHE_CPU_BIND ffi::Ffi::Bind().Ctx<ffi::State<CpuCallSite>>().RemainingArgs().RemainingRets()
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AllreduceInstantiate, InstantiateReduce<CpuCallSite>,
                               ffi::Ffi::BindInstantiate() JAXCACHE_FFI_REDUCE_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AllreduceHandler, AllreduceImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::State<CpuCallSite>>()
-                                  .RemainingArgs()
-                                  .RemainingRets() JAXCACHE_FFI_REDUCE_ATTRS);
-
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AllreduceHandler, ReductionImpl<Kind::kAllreduce>,
+                              JAXCACHE_CPU_BIND JAXCACHE_FFI_REDUCE_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BroadcastInstantiate, InstantiateBroadcast<CpuCallSite>,
                               ffi::Ffi::BindInstantiate() JAXCACHE_FFI_BROADCAST_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BroadcastHandler, BroadcastImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::State<CpuCallSite>>()
-                                  .RemainingArgs()
-                                  .RemainingRets() JAXCACHE_FFI_BROADCAST_ATTRS);
-
+                              JAXCACHE_CPU_BIND JAXCACHE_FFI_BROADCAST_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherInstantiate, InstantiateGather<CpuCallSite>,
                               ffi::Ffi::BindInstantiate() JAXCACHE_FFI_COMMON_ATTRS);
-
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherHandler, MovementImpl<Kind::kAllgather>,
+                              JAXCACHE_CPU_BIND JAXCACHE_FFI_COMMON_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ReducescatterInstantiate, InstantiateReduce<CpuCallSite>,
                               ffi::Ffi::BindInstantiate() JAXCACHE_FFI_REDUCE_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ReducescatterHandler, ReducescatterImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::State<CpuCallSite>>()
-                                  .RemainingArgs()
-                                  .RemainingRets() JAXCACHE_FFI_REDUCE_ATTRS);
-
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ReducescatterHandler, ReductionImpl<Kind::kReducescatter>,
+                              JAXCACHE_CPU_BIND JAXCACHE_FFI_REDUCE_ATTRS);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AlltoallInstantiate, InstantiateGather<CpuCallSite>,
                               ffi::Ffi::BindInstantiate() JAXCACHE_FFI_COMMON_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AlltoallHandler, AlltoallImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::State<CpuCallSite>>()
-                                  .RemainingArgs()
-                                  .RemainingRets() JAXCACHE_FFI_COMMON_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherHandler, AllgatherImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::State<CpuCallSite>>()
-                                  .RemainingArgs()
-                                  .RemainingRets() JAXCACHE_FFI_COMMON_ATTRS);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(AlltoallHandler, MovementImpl<Kind::kAlltoall>,
+                              JAXCACHE_CPU_BIND JAXCACHE_FFI_COMMON_ATTRS);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RankHandler, RankImpl,
                               ffi::Ffi::Bind().Ret<ffi::Buffer<ffi::S32>>().Attr<int64_t>("process_set"));

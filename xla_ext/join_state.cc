@@ -31,12 +31,7 @@ void JoinState::Update(const uint64_t* mask) {
 Request* JoinState::Finish() {
   Request* req = request_;
   if (!req->outputs.empty() && req->outputs[0]) std::memcpy(req->outputs[0], &last_, sizeof last_);
-  request_ = nullptr;
-  std::fill(joined_.begin(), joined_.end(), false);
-  std::fill(previous_.begin(), previous_.end(), false);
-  count_ = 0;
-  grew_ = false;
-  last_ = -1;
+  Reset();
   return req;
 }
 

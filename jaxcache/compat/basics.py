@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import numpy as np
 from mpi4py import MPI
 
 from .. import runtime as _runtime
-from .._ext import ext
-from ..errors import JaxcacheError, raise_for_status
-from ..protocol import NUMPY_DTYPES, Kind
+from .. import session as _session
+from .. import submit
+from ..errors import JaxcacheError
+from ..protocol import Kind
 from ..process_sets import ProcessSet as _ProcessSet
 
 HorovodInternalError = JaxcacheError  # what Horovod code catches around collectives
@@ -16,10 +19,6 @@ HorovodInternalError = JaxcacheError  # what Horovod code catches around collect
 
 class NotInitializedError(ValueError, RuntimeError):
     """Raised by the query functions before init(): Horovod raises ValueError, jaxcache RuntimeError."""
-
-
-# (cross_rank, cross_size, is_homogeneous), learned collectively by init().
-_topology: tuple[int, int, bool] | None = None
 
 
 def _communicator(comm):
@@ -83,23 +82,19 @@ def _process_set_list(process_sets) -> list:
 
 def _learn_topology() -> None:
     """One small allgather of (local_rank, local_size) through the runtime itself."""
-    global _topology
     size = _runtime.size()
     mine = np.array([_runtime.local_rank(), _runtime.local_size()], np.int64)
     out = np.empty(2 * size, np.int64)
-    handle = ext.submit(Kind.ALLGATHER, "jaxcache.init/topology", [mine], [out], 0, 1.0, 1.0, 0,
-                        [NUMPY_DTYPES[np.dtype(np.int64)]])
-    raise_for_status(*handle.wait())
+    submit.submit(Kind.ALLGATHER, "jaxcache.init/topology", [mine], [out],
+                  submit.codes_of([mine])).wait()
     local_ranks, local_sizes = out[0::2].tolist(), out[1::2].tolist()
     me, my_local = _runtime.rank(), local_ranks[_runtime.rank()]
     # Horovod's cross communicator: the ranks that share this rank's local rank, in rank order.
     peers = [r for r in range(size) if local_ranks[r] == my_local]
-    _topology = (peers.index(me), len(peers), len(set(local_sizes)) == 1)
+    _session.current().topology = (peers.index(me), len(peers), len(set(local_sizes)) == 1)
 
 
 def shutdown() -> None:
-    global _topology
-    _topology = None
     _runtime.shutdown()
 
 
@@ -113,33 +108,38 @@ def _require(fn: str) -> None:
                                   "after shutdown(), init() again)")
 
 
-def rank() -> int:
-    _require("rank")
-    return _runtime.rank()
+def _query(name: str, read: Callable[[], Any], doc: str) -> Callable[[], Any]:
+    """Horovod's query function `name`: NotInitializedError before init(), else read()."""
+    return _runtime.query_function(name, read, doc, require=_require)
 
 
-def size() -> int:
-    _require("size")
-    return _runtime.size()
+def _constant(name: str, value: Any, doc: str) -> Callable[[], Any]:
+    """Horovod's build-information function `name`: what jaxcache has (`value`)."""
+    def built():
+        return value
+
+    built.__name__ = built.__qualname__ = name
+    built.__doc__ = doc
+    return built
 
 
-def local_rank() -> int:
-    _require("local_rank")
-    return _runtime.local_rank()
-
-
-def local_size() -> int:
-    _require("local_size")
-    return _runtime.local_size()
+rank = _query("rank", _runtime.rank, "This process's rank in the job.")
+size = _query("size", _runtime.size, "The number of ranks in the job.")
+local_rank = _query("local_rank", _runtime.local_rank, "This process's rank on its node.")
+local_size = _query("local_size", _runtime.local_size, "The number of ranks on this node.")
+mpi_threads_supported = _query("mpi_threads_supported",
+                               lambda: MPI.Query_thread() >= MPI.THREAD_MULTIPLE,
+                               "True: MPI runs with MPI_THREAD_MULTIPLE (jaxcache needs it).")
 
 
 def _topo(fn: str) -> tuple[int, int, bool]:
     _require(fn)
-    if _topology is None:
+    topology = _session.current().topology
+    if topology is None:
         raise NotInitializedError(f"jaxcache: {fn}() is learned by the bridge's init(): call "
                                   "jaxcache.torch.init() or jaxcache.tensorflow.init() (collective; "
                                   "jaxcache.init() alone does not learn the node layout)")
-    return _topology
+    return topology
 
 
 def cross_rank() -> int:
@@ -157,47 +157,21 @@ def is_homogeneous() -> bool:
     return _topo("is_homogeneous")[2]
 
 
-def mpi_threads_supported() -> bool:
-    _require("mpi_threads_supported")
-    return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
-
-
 def mpi_enabled() -> bool:
     """MPI carries jaxcache's control and data planes whenever the runtime runs."""
     return _runtime.is_initialized()
 
 
-def mpi_built() -> bool:
-    return True
-
-
-def gloo_enabled() -> bool:
-    return False
-
-
-def gloo_built() -> bool:
-    return False
-
-
-def nccl_built() -> int:
-    """0: jaxcache has no NCCL data path (Horovod returns NCCL's version code when built with it)."""
-    return 0
-
-
-def ddl_built() -> bool:
-    return False
-
-
-def ccl_built() -> bool:
-    return False
-
-
-def cuda_built() -> bool:
-    return False
-
-
-def rocm_built() -> bool:
-    return False
+mpi_built = _constant("mpi_built", True, "True: MPI is jaxcache's engine.")
+gloo_enabled = _constant("gloo_enabled", False, "False: jaxcache has no Gloo controller.")
+gloo_built = _constant("gloo_built", False, "False: jaxcache has no Gloo controller.")
+nccl_built = _constant("nccl_built", 0, "0: jaxcache has no NCCL data path (Horovod returns "
+                       "NCCL's version code when built with it).")
+ddl_built = _constant("ddl_built", False, "False: no IBM DDL.")
+ccl_built = _constant("ccl_built", False, "False: no oneCCL.")
+cuda_built = _constant("cuda_built", False, "False: Horovod's CUDA build flag (jaxcache stages "
+                       "GPU tensors through host memory; see jaxcache.cuda_built()).")
+rocm_built = _constant("rocm_built", False, "False: no ROCm.")
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:

@@ -7,7 +7,7 @@ narrower `wire` dtype; each bridge supplies how to test and cast its tensors.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 
 class Compressor:
@@ -56,6 +56,26 @@ class CastCompressor(Compressor):
     @classmethod
     def decompress(cls, tensor, ctx):
         return tensor if ctx is None else cls.cast(tensor, ctx)
+
+
+def cast_compressors(module: str, is_floating: Callable[[Any], bool], cast: Callable[[Any, Any], Any],
+                     float16: Any, bfloat16: Any) -> tuple[type, type, type]:
+    """A bridge's FP16Compressor, BF16Compressor and Compression namespace (Horovod's
+    names), given how its tensors are tested and cast; `module` is where they live."""
+    def compressor(name: str, wire: Any, doc: str) -> type:
+        return type(name, (CastCompressor,), {
+            "__module__": module, "__doc__": doc, "wire": wire,
+            "is_floating": staticmethod(is_floating), "cast": staticmethod(cast)})
+
+    fp16 = compressor("FP16Compressor", float16,
+                      "Floating tensors travel as float16 (half the bytes; ~3 significant digits).")
+    bf16 = compressor("BF16Compressor", bfloat16,
+                      "Floating tensors travel as bfloat16 (jaxcache's addition: float32's range, "
+                      "~2-3 digits).")
+    namespace = type("Compression", (), {
+        "__module__": module, "__doc__": "Compression algorithms for the collectives and optimizers.",
+        "none": NoneCompressor, "fp16": fp16, "bf16": bf16})
+    return fp16, bf16, namespace
 
 
 def check(compression, fn: str) -> None:

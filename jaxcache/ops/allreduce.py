@@ -17,15 +17,12 @@ allreduce-sum, so grad(lambda x: allreduce(x, "sum").sum())(x) == size * ones.
 
 from __future__ import annotations
 
-import numpy as np
 
 import jax
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching
 
-from .. import process_sets, runtime
-from .._ext import ensure_registered
-from . import eager, lowering, naming, validation
+from .. import process_sets
+from . import call, eager, lowering, naming, validation
 from ..protocol import Kind
 
 allreduce_p = Primitive("jaxcache_allreduce")
@@ -56,14 +53,12 @@ def _in_place(value, aval, scaled: bool) -> bool:
 
 
 def _lowering(ctx, *args, name, auto_name, op, prescale, postscale, world_size, process_set):
-    ensure_registered()
     scaled = prescale != 1.0 or op == "average"
     aliases = {i: i for i, (v, aval) in enumerate(zip(args, ctx.avals_in))
                if _in_place(v, aval, scaled)}
-    rule = jax.ffi.ffi_lowering("jaxcache_allreduce", operand_output_aliases=aliases or None)
-    return rule(ctx, *args, **naming.lowered(ctx, name, auto_name), world_size=np.int64(world_size),
-                process_set=np.int64(process_set), op=np.int64(validation.REDUCE_OPS[op]),
-                prescale=np.float64(prescale), postscale=np.float64(postscale))
+    return lowering.ffi_call(ctx, "jaxcache_allreduce", args, name=name, auto_name=auto_name,
+                             world_size=world_size, process_set=process_set, aliases=aliases,
+                             **lowering.reduction_attributes(op, prescale, postscale))
 
 
 def _impl(*args, name, auto_name, op, prescale, postscale, world_size, process_set):
@@ -72,36 +67,15 @@ def _impl(*args, name, auto_name, op, prescale, postscale, world_size, process_s
                      process_set=process_set)
 
 
-def _jvp(primals, tangents, **params):
-    if params["op"] not in ("sum", "average"):
-        raise NotImplementedError(
-            f"jaxcache: cannot differentiate allreduce op={params['op']!r} ('{params['name']}'); "
-            "only 'sum' and 'average' are differentiable"
-        )
-    out = allreduce_p.bind(*primals, **params)
-    tangents = [ad.instantiate_zeros(t) for t in tangents]
-    out_t = allreduce_p.bind(*tangents, **dict(params, name=naming.derived(params["name"], "jvp")))
-    return out, out_t
-
-
-def _transpose(cts, *args, **params):
-    # y = post * sum_r(pre * x_r) (/ n for an average) is linear and self-adjoint across ranks.
-    cts = [ad.instantiate_zeros(c) for c in cts]
-    return allreduce_p.bind(*cts, **dict(params, name=naming.derived(params["name"], "T")))
-
-
 def _batch(args, dims, **params):
     # Elementwise across ranks: a batch axis is just more elements.
     return allreduce_p.bind(*args, **params), list(dims)
 
 
-allreduce_p.def_impl(_impl)
-allreduce_p.def_abstract_eval(_abstract_eval)
-# Not cacheable: each equation is lowered on its own, so each gets its own name.
-lowering.register(allreduce_p, _lowering, cacheable=False)
-ad.primitive_jvps[allreduce_p] = _jvp
-ad.primitive_transposes[allreduce_p] = _transpose
-batching.primitive_batchers[allreduce_p] = _batch
+# y = post * sum_r(pre * x_r) (/ n for an average) is linear and self-adjoint across ranks.
+lowering.define_collective(allreduce_p, impl=_impl, abstract_eval=_abstract_eval, lower=_lowering,
+                           batch=_batch, transpose=lowering.self_transpose(allreduce_p),
+                           differentiable_ops=("sum", "average"))
 
 
 def sum_values(values: list, name: str, auto_name: bool, world_size: int, process_set: int) -> list:
@@ -133,10 +107,8 @@ def allreduce(x, op: str = "average", *, name: str | None = None, prescale: floa
     Works eagerly and under jit/grad/vmap. `name` matches the call across ranks;
     by default it is derived from the call site.
     """
-    runtime.require_initialized("jaxcache.allreduce")
-    ps = process_sets.resolve(process_set, "allreduce", comm=comm)
+    ps = call.begin("allreduce", name, process_set, comm)
     op = validation.check_op(op, "allreduce")
-    validation.check_name(name, "allreduce")
     x = validation.as_array(x, "allreduce", "x")
     validation.check_reduction(x.dtype, op, prescale, postscale, "allreduce", "x")
     name, auto = naming.collective_name("allreduce", name)

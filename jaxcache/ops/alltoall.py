@@ -17,11 +17,8 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching
 
-from .. import process_sets, runtime
-from .._ext import ensure_registered
-from . import eager, lowering, naming, validation
+from . import call, eager, lowering, naming, validation
 from ..protocol import Kind
 
 alltoall_p = Primitive("jaxcache_alltoall")
@@ -45,11 +42,8 @@ def _abstract_eval(*avals, name, world_size, **params):
     return [jax.core.ShapedArray(a.shape, a.dtype) for a in avals]
 
 
-def _lowering(ctx, *args, name, auto_name, world_size, process_set):
-    ensure_registered()
-    rule = jax.ffi.ffi_lowering("jaxcache_alltoall")
-    return rule(ctx, *args, **naming.lowered(ctx, name, auto_name), world_size=np.int64(world_size),
-                process_set=np.int64(process_set))
+def _lowering(ctx, *args, **params):
+    return lowering.ffi_call(ctx, "jaxcache_alltoall", args, **params)
 
 
 def _impl(*args, name, auto_name, world_size, process_set):
@@ -59,17 +53,6 @@ def _impl(*args, name, auto_name, world_size, process_set):
                      process_set=process_set)
 
 
-def _jvp(primals, tangents, **params):
-    out = alltoall_p.bind(*primals, **params)
-    tangents = [ad.instantiate_zeros(t) for t in tangents]
-    return out, alltoall_p.bind(*tangents, **dict(params, name=naming.derived(params["name"], "jvp")))
-
-
-def _transpose(cts, *args, **params):
-    cts = [ad.instantiate_zeros(c) for c in cts]
-    return alltoall_p.bind(*cts, **dict(params, name=naming.derived(params["name"], "T")))
-
-
 def _batch(args, dims, **params):
     # Blocks along the first unbatched axis: move the batch axis behind it.
     (a,), (d,) = args, dims
@@ -77,12 +60,9 @@ def _batch(args, dims, **params):
     return out, [1]
 
 
-alltoall_p.def_impl(_impl)
-alltoall_p.def_abstract_eval(_abstract_eval)
-lowering.register(alltoall_p, _lowering, cacheable=False)
-ad.primitive_jvps[alltoall_p] = _jvp
-ad.primitive_transposes[alltoall_p] = _transpose
-batching.primitive_batchers[alltoall_p] = _batch
+# A permutation of blocks across ranks: its own adjoint.
+lowering.define_collective(alltoall_p, impl=_impl, abstract_eval=_abstract_eval, lower=_lowering,
+                           batch=_batch, transpose=lowering.self_transpose(alltoall_p))
 
 
 def alltoall(x, *, name: str | None = None, splits=None, process_set=None, comm=None):
@@ -96,9 +76,7 @@ def alltoall(x, *, name: str | None = None, splits=None, process_set=None, comm=
     be None. Works under jit/grad/vmap (equal blocks). With `process_set`, among its
     ranks: block j goes to the set's rank j.
     """
-    runtime.require_initialized("jaxcache.alltoall")
-    ps = process_sets.resolve(process_set, "alltoall", comm=comm)
-    validation.check_name(name, "alltoall")
+    ps = call.begin("alltoall", name, process_set, comm)
     x = validation.as_array(x, "alltoall", "x")
     validation.check_first_dim(x, "alltoall", "x")
     size = ps.size

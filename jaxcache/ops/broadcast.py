@@ -7,11 +7,10 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching
+from jax.interpreters import ad
 
-from .. import process_sets, runtime
-from .._ext import ensure_registered
-from . import eager, lowering, naming, validation
+from .. import process_sets
+from . import call, eager, lowering, naming, validation
 from .allreduce import sum_values
 from .rank import traced_rank
 from ..protocol import Kind
@@ -25,23 +24,14 @@ def _abstract_eval(*avals, **params):
 
 
 def _lowering(ctx, *args, name, auto_name, root, world_size, process_set):
-    ensure_registered()
-    rule = jax.ffi.ffi_lowering(
-        "jaxcache_broadcast", operand_output_aliases={i: i for i in range(len(args))}
-    )
-    return rule(ctx, *args, **naming.lowered(ctx, name, auto_name), world_size=np.int64(world_size),
-                process_set=np.int64(process_set), root=np.int64(root))
+    return lowering.ffi_call(ctx, "jaxcache_broadcast", args, name=name, auto_name=auto_name,
+                             world_size=world_size, process_set=process_set,
+                             aliases={i: i for i in range(len(args))}, root=np.int64(root))
 
 
 def _impl(*args, name, auto_name, root, world_size, process_set):
     return eager.run(Kind.BROADCAST, name, args, [a.shape for a in args], world_size,
                      root=root, process_set=process_set)
-
-
-def _jvp(primals, tangents, **params):
-    out = broadcast_p.bind(*primals, **params)
-    tangents = [ad.instantiate_zeros(t) for t in tangents]
-    return out, broadcast_p.bind(*tangents, **dict(params, name=naming.derived(params["name"], "jvp")))
 
 
 def _transpose(cts, *args, name, auto_name, root, world_size, process_set):
@@ -57,12 +47,8 @@ def _batch(args, dims, **params):
     return broadcast_p.bind(*args, **params), list(dims)
 
 
-broadcast_p.def_impl(_impl)
-broadcast_p.def_abstract_eval(_abstract_eval)
-lowering.register(broadcast_p, _lowering, cacheable=False)
-ad.primitive_jvps[broadcast_p] = _jvp
-ad.primitive_transposes[broadcast_p] = _transpose
-batching.primitive_batchers[broadcast_p] = _batch
+lowering.define_collective(broadcast_p, impl=_impl, abstract_eval=_abstract_eval, lower=_lowering,
+                           batch=_batch, transpose=_transpose)
 
 
 def broadcast(tree, root: int = 0, *, name: str | None = None, process_set=None, comm=None):
@@ -70,15 +56,11 @@ def broadcast(tree, root: int = 0, *, name: str | None = None, process_set=None,
 
     With `process_set`, on the set's ranks only; `root` is still the root's global rank.
     """
-    runtime.require_initialized("jaxcache.broadcast")
-    validation.check_name(name, "broadcast")
-    ps = process_sets.resolve(process_set, "broadcast", comm=comm)
+    ps = call.begin("broadcast", name, process_set, comm)
     root = process_sets.set_root(root, ps, "broadcast")
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
-    if not leaves:
+    _, values, treedef = validation.array_leaves(tree, "broadcast")
+    if not values:
         return tree
-    values = [validation.as_array(v, "broadcast", f"leaf {jax.tree_util.keystr(p) or 'x'}")
-              for p, v in leaves]
     name, auto = naming.collective_name("broadcast", name)
     params = dict(name=name, auto_name=auto, root=root, world_size=ps.size, process_set=ps.id)
     if any(isinstance(v, jax.core.Tracer) for v in values):

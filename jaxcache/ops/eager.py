@@ -2,28 +2,14 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Sequence
 
 import numpy as np
 
 import jax
-import jax.numpy as jnp
 
-from .. import devices
-from .._ext import ext
-from ..errors import raise_for_status
-from ..protocol import NUMPY_DTYPES, Device
-
-# Requests whose wait was interrupted (Ctrl-C): the runtime still reads and writes their
-# buffers, so they are kept alive here until the request completes.
-_abandoned: list = []
-_abandoned_lock = threading.Lock()
-
-
-def _bits(x: np.ndarray) -> np.ndarray:
-    """Same bytes in a dtype every DLPack consumer knows (bfloat16 -> uint16)."""
-    return x.view(np.uint16) if x.dtype == jnp.bfloat16 else x
+from .. import devices, submit
+from ..protocol import Device
 
 
 def aligned_empty(shape: tuple, dtype) -> np.ndarray:
@@ -44,22 +30,6 @@ def _device_of(inputs: Sequence) -> tuple:
     return device, devices.code(device.platform)
 
 
-def keep_until_done(handle, keepalive) -> None:
-    """Keeps `keepalive` (the request's buffers) referenced until `handle` completes."""
-    with _abandoned_lock:
-        _abandoned[:] = [(h, k) for h, k in _abandoned if not h.poll()]
-        _abandoned.append((handle, keepalive))
-
-
-def wait(handle, keepalive) -> tuple[int, str]:
-    """Waits for `handle`; Ctrl-C interrupts the wait, and `keepalive` outlives the request."""
-    try:
-        return handle.wait()
-    except BaseException:
-        keep_until_done(handle, keepalive)
-        raise
-
-
 def run(kind: int, name: str, inputs: Sequence[jax.Array], out_shapes: Sequence[tuple],
         world_size: int, op: int = 0, prescale: float = 1.0, postscale: float = 1.0,
         root: int = 0, process_set: int = 0) -> list[jax.Array]:
@@ -74,12 +44,9 @@ def run(kind: int, name: str, inputs: Sequence[jax.Array], out_shapes: Sequence[
     # is copied to the host: eager calls on GPU arrays are staged by JAX itself).
     ins = [np.ascontiguousarray(np.asarray(x)) for x in inputs]
     outs = [aligned_empty(shape, x.dtype) for shape, x in zip(out_shapes, ins)]
-    codes = [NUMPY_DTYPES[x.dtype] for x in ins]
-    handle = ext.submit(kind, name, [_bits(x) for x in ins], [_bits(o) for o in outs],
-                        op, float(prescale), float(postscale), root, codes, device=kind_code,
-                        process_set=process_set, world_size=world_size)
-    status, message = wait(handle, (ins, outs))
-    raise_for_status(status, message)
+    submit.submit(kind, name, ins, outs, submit.codes_of(ins), op=op, prescale=prescale,
+                  postscale=postscale, root=root, device=kind_code, process_set=process_set,
+                  world_size=world_size).wait()
     if device is None or (kind_code == Device.CPU and jax.default_backend() == "cpu"):
         # device_put aliases the (aligned) NumPy buffer instead of copying it.
         return [jax.device_put(o) for o in outs]
@@ -97,11 +64,9 @@ def run_allocated(kind: int, name: str, inputs: Sequence, world_size: int,
     """
     _, kind_code = _device_of(inputs)
     ins = [np.ascontiguousarray(np.asarray(x)) for x in inputs]
-    codes = [NUMPY_DTYPES[x.dtype] for x in ins]
-    handle = ext.submit_allocated(kind, name, [_bits(x) for x in ins], list(splits), codes,
-                                  refuse_if_in_flight, device=kind_code, process_set=process_set,
-                                  world_size=world_size)
-    status, message = wait(handle, ins)
-    raise_for_status(status, message)
-    outs = [raw.view(x.dtype).reshape(shape) for (raw, shape), x in zip(handle.results(), ins)]
-    return outs, list(handle.rows())
+    pending = submit.submit_allocated(kind, name, ins, submit.codes_of(ins), splits=splits,
+                                      device=kind_code, process_set=process_set,
+                                      world_size=world_size, refuse_duplicate=refuse_if_in_flight)
+    pending.wait()
+    outs = [raw.view(x.dtype).reshape(shape) for (raw, shape), x in zip(pending.results(), ins)]
+    return outs, pending.rows()

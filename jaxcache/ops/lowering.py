@@ -11,8 +11,17 @@ Other platforms are refused at lowering time with a clear message.
 
 from __future__ import annotations
 
+from typing import Callable, Iterable
+
+import numpy as np
+
+import jax
 from jax._src.lib.mlir import ir
-from jax.interpreters import mlir
+from jax.interpreters import ad, batching, mlir
+
+from .._ext import ensure_registered
+from ..protocol import REDUCE_OPS
+from . import naming
 
 PLATFORMS = ("cpu", "cuda")
 
@@ -33,6 +42,22 @@ def register(primitive, rule, *, cacheable: bool = True) -> None:
     mlir.register_lowering(primitive, checked, cacheable=cacheable)
 
 
+def ffi_call(ctx, target: str, args, *, name: str, auto_name: bool, world_size: int,
+             process_set: int, aliases: dict[int, int] | None = None, **attributes):
+    """The custom call of one collective instance: its target, its name (naming.lowered),
+    the set it runs in and the size it was traced for, and its own `attributes` (numbers).
+    `aliases`: operand -> result buffers XLA may share (in place)."""
+    ensure_registered()
+    rule = jax.ffi.ffi_lowering(target, operand_output_aliases=aliases or None)
+    return rule(ctx, *args, **naming.lowered(ctx, name, auto_name), world_size=np.int64(world_size),
+                process_set=np.int64(process_set), **attributes)
+
+
+def reduction_attributes(op: str, prescale: float, postscale: float) -> dict:
+    """The attributes of a reduction's custom call."""
+    return dict(op=np.int64(REDUCE_OPS[op]), prescale=np.float64(prescale), postscale=np.float64(postscale))
+
+
 def donated_argument(value) -> bool:
     """True for an argument of the program that the caller donated."""
     func = value.owner.owner
@@ -47,3 +72,46 @@ def handed_over(value) -> bool:
     """Whether XLA can give this operand's buffer to the result without copying it: a value
     computed in the program (unless it is used again later), or a donated argument."""
     return not isinstance(value, ir.BlockArgument) or donated_argument(value)
+
+
+def define_collective(primitive, *, impl: Callable, abstract_eval: Callable, lower: Callable,
+                      batch: Callable, transpose: Callable | None = None,
+                      differentiable_ops: Iterable[str] | None = None) -> None:
+    """Every rule of a collective's primitive: run eagerly (`impl`), shapes, lowering (one
+    instance, one name: not cacheable), batching, and autodiff. Collectives are linear in
+    their inputs, so the JVP is the same collective of the tangents (named `name/jvp`);
+    with `differentiable_ops`, only those ops (the `op` parameter) are differentiable.
+    `transpose`: registered when given."""
+    primitive.def_impl(impl)
+    primitive.def_abstract_eval(abstract_eval)
+    register(primitive, lower, cacheable=False)
+    ad.primitive_jvps[primitive] = _linear_jvp(primitive, differentiable_ops)
+    if transpose is not None:
+        ad.primitive_transposes[primitive] = transpose
+    batching.primitive_batchers[primitive] = batch
+
+
+def _linear_jvp(primitive, differentiable_ops: Iterable[str] | None) -> Callable:
+    allowed = None if differentiable_ops is None else tuple(differentiable_ops)
+
+    def jvp(primals, tangents, **params):
+        if allowed is not None and params["op"] not in allowed:
+            raise NotImplementedError(
+                f"jaxcache: cannot differentiate {primitive.name.removeprefix('jaxcache_')} op={params['op']!r} "
+                f"('{params['name']}'); only {' and '.join(repr(o) for o in allowed)} are differentiable")
+        out = primitive.bind(*primals, **params)
+        tangents = [ad.instantiate_zeros(t) for t in tangents]
+        return out, primitive.bind(*tangents, **dict(params, name=naming.derived(params["name"], "jvp")))
+
+    return jvp
+
+
+def self_transpose(primitive) -> Callable:
+    """The transpose of a collective that is its own adjoint across ranks (allreduce-sum,
+    alltoall): the same collective of the cotangents, named `name/T`."""
+
+    def transpose(cts, *args, **params):
+        cts = [ad.instantiate_zeros(c) for c in cts]
+        return primitive.bind(*cts, **dict(params, name=naming.derived(params["name"], "T")))
+
+    return transpose

@@ -16,6 +16,14 @@ what every rank running the same code shares -- never from addresses or timing:
 
 A program thus has unique, stable names from step to step (the cache hits), identical on
 every rank. Eager calls complete before they return, so one name per call site suffices.
+
+The bridges follow the same rule -- an automatic name is `kind@call-site`, and the k-th
+instance of it alive at once gets `#k` -- where "alive at once" means: in one tf.function
+graph (TensorFlow, as in one lowered program here), or submitted and not yet synchronized
+(PyTorch's asynchronous handles: the smallest k free). Their names carry the framework
+(`torch.allreduce@...`, `tf.allreduce@...`). An automatic name is an `Automatic` string:
+submitted again while in flight it queues, where a name the user repeats is refused
+(Horovod's rule).
 """
 
 from __future__ import annotations
@@ -24,14 +32,54 @@ import collections
 import itertools
 import os
 import sys
+import threading
 import weakref
 
 from jax._src.lib.mlir import ir
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Per lowered module: (process-local program number, program name, instances per name).
-_programs: "weakref.WeakKeyDictionary[ir.Module, tuple[int, str, collections.Counter]]" = (
+
+
+class Automatic(str):
+    """A name jaxcache derived from a call site (not given by the user)."""
+
+
+class Instances:
+    """The k-th instance of a name in one program or graph: `name`, then `name#1`, ..."""
+
+    def __init__(self):
+        self._counts = collections.Counter()
+
+    def next(self, name: str) -> str:
+        k = self._counts[name]
+        self._counts[name] += 1
+        return name if k == 0 else f"{name}#{k}"
+
+
+class InFlight:
+    """Names alive at once in one scope (a process set): `name#k`, k the smallest free."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._taken: set[tuple[object, str]] = set()
+
+    def take(self, scope: object, base: str) -> Automatic:
+        with self._lock:
+            name, k = base, 0
+            while (scope, name) in self._taken:
+                k += 1
+                name = f"{base}#{k}"
+            self._taken.add((scope, name))
+        return Automatic(name)
+
+    def release(self, scope: object, name: str) -> None:
+        with self._lock:
+            self._taken.discard((scope, name))
+
+
+# Per lowered module: (process-local program number, program name, instances of names).
+_programs: "weakref.WeakKeyDictionary[ir.Module, tuple[int, str, Instances]]" = (
     weakref.WeakKeyDictionary()
 )
 _program_numbers = itertools.count(1)
@@ -65,20 +113,18 @@ def derived(name: str, suffix: str) -> str:
     return f"{name}/{suffix}"
 
 
-def _program(module: ir.Module) -> tuple[int, str, collections.Counter]:
+def _program(module: ir.Module) -> tuple[int, str, Instances]:
     entry = _programs.get(module)
     if entry is None:
         symbol = module.operation.attributes["sym_name"] if "sym_name" in module.operation.attributes else None
         program_name = ir.StringAttr(symbol).value if symbol is not None else "program"
-        entry = _programs[module] = (next(_program_numbers), program_name, collections.Counter())
+        entry = _programs[module] = (next(_program_numbers), program_name, Instances())
     return entry
 
 
 def lowered(ctx, name: str, auto_name: bool) -> dict:
     """The `name` and `program` attributes of one lowered instance (see the module doc)."""
-    number, program_name, counts = _program(ctx.module_context.module)
+    number, program_name, instances = _program(ctx.module_context.module)
     if auto_name:
         name = f"{program_name}:{name}"
-    k = counts[name]
-    counts[name] += 1
-    return {"name": name if k == 0 else f"{name}#{k}", "program": number}
+    return {"name": instances.next(name), "program": number}

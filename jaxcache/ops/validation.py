@@ -21,6 +21,22 @@ def check_op(op: str, fn: str) -> str:
     return op.lower()
 
 
+def array_leaves(tree, fn: str, check=None) -> tuple[list, list, object]:
+    """(paths, arrays, treedef) of a pytree's leaves (None leaves are not leaves); each leaf
+    goes through `check(leaf, what)` (default: as_array), `what` naming it in errors."""
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    check = check or (lambda v, what: as_array(v, fn, what))
+    values = [check(v, f"leaf {jax.tree_util.keystr(p) or 'x'}") for p, v in leaves]
+    return [p for p, _ in leaves], values, treedef
+
+
+def reduction_leaf(x, op: str, prescale, postscale, fn: str, what: str):
+    """A leaf of a reduction: an array whose dtype supports `op` and the scales."""
+    x = as_array(x, fn, what)
+    check_reduction(x.dtype, op, prescale, postscale, fn, what)
+    return x
+
+
 def as_array(x, fn: str, what: str):
     """Arrays, tracers and Python/NumPy scalars become jax values; anything else is refused."""
     if isinstance(x, (jax.Array, jax.core.Tracer)):

@@ -15,53 +15,11 @@ unsupported (those raise and say so). Keras: jaxcache.tensorflow.keras.
 
 from __future__ import annotations
 
-from ..compat.basics import (
-    HorovodInternalError,
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
+from ..compat import api as _api
+from ..compat.api import *  # noqa: F403  (the names every bridge shares: _api.__all__)
+from ..compat.reduce_ops import check_num_rank_power_of_2, handle_average_backwards_compatibility
 from ..runtime import barrier
-from ..compat.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
-from ..compat.reduce_ops import (
-    Adasum,
-    Average,
-    Max,
-    Min,
-    Product,
-    ReduceOp,
-    Sum,
-    check_num_rank_power_of_2,
-    handle_average_backwards_compatibility,
-)
 from ..compat.unsupported import cls as _unsupported_cls
-from ..errors import (  # noqa: F401  (re-exported)
-    CollectiveError,
-    DuplicateNameError,
-    JaxcacheError,
-    MismatchError,
-    ShutdownError,
-    StallError,
-)
 from . import elastic
 from .collectives import (
     allgather,
@@ -95,13 +53,8 @@ LocalGradientAggregationHelper = _unsupported_cls(
     "jaxcache.tensorflow.keras.DistributedOptimizer instead")
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "cross_rank", "cross_size", "is_homogeneous", "rank_op", "local_rank_op", "size_op",
-    "local_size_op", "process_set_included_op", "mpi_threads_supported", "mpi_enabled", "mpi_built",
-    "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
-    "rocm_built", "start_timeline", "stop_timeline", "barrier",
-    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
-    "Average", "Sum", "Adasum", "Min", "Max", "Product", "ReduceOp",
+    *_api.__all__,
+    "rank_op", "local_rank_op", "size_op", "local_size_op", "process_set_included_op", "barrier",
     "handle_average_backwards_compatibility", "check_num_rank_power_of_2",
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "broadcast_",
     "alltoall", "reducescatter", "grouped_reducescatter", "join",
@@ -109,6 +62,4 @@ __all__ = [
     "broadcast_variables", "broadcast_global_variables", "BroadcastGlobalVariablesHook",
     "DistributedOptimizer", "DistributedGradientTape", "PartialDistributedGradientTape",
     "SyncBatchNormalization", "LocalGradientAggregationHelper", "elastic",
-    "HorovodInternalError", "JaxcacheError", "MismatchError", "StallError", "ShutdownError",
-    "DuplicateNameError", "CollectiveError",
 ]

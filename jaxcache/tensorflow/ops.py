@@ -16,23 +16,18 @@ dimension is unknown until they run.
 
 from __future__ import annotations
 
-import collections
 import threading
 import weakref
 
 import numpy as np
 import tensorflow as tf
 
-from .._ext import ext
+from .. import submit
 from ..compat import process_sets
 from ..compat.process_sets import Resolved
-from ..errors import raise_for_status
 from ..ops import naming, validation
 from ..protocol import NUMPY_DTYPES, Device, Kind
-from ..ops.eager import keep_until_done
 from ..ops.reducescatter import scatter_rows
-
-_BFLOAT16 = np.dtype(tf.bfloat16.as_numpy_dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,32 +90,24 @@ def reduce_args(op: str, prescale: float, postscale: float) -> tuple[int, float,
 # Names
 
 
-_per_graph: "weakref.WeakKeyDictionary[object, collections.Counter]" = weakref.WeakKeyDictionary()
-# Names this module made up: a repeated automatic name queues in the runtime, while a
-# repeated explicit name still in flight is refused (Horovod's semantics).
-_automatic: set[str] = set()
+_per_graph: "weakref.WeakKeyDictionary[object, naming.Instances]" = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
-_call_site = naming.call_site
-
-
 def auto_name(kind: str, name: str | None, fn: str) -> str:
-    """User name if given; else kind@call-site (+ '#k' for the k-th call of the site in a tf.function)."""
+    """The user's name if given; else tf.kind@call-site, with '#k' for the k-th instance of
+    the site in one tf.function graph (naming.py's rule; eager calls complete before they
+    return, so an eager call site keeps one name)."""
     validation.check_name(name, f"tensorflow.{fn}")
     if name is not None:
         return name
-    base = f"tf.{kind}@{_call_site()}"
+    base = f"tf.{kind}@{naming.call_site()}"
     if tf.executing_eagerly():
-        _automatic.add(base)
-        return base  # eager calls complete before they return: one cached name per site
+        return naming.Automatic(base)
     graph = tf.compat.v1.get_default_graph()
     with _lock:
-        counter = _per_graph.setdefault(graph, collections.Counter())
-        k = counter[base]
-        counter[base] += 1
-        _automatic.add(f"{base}#{k}")
-    return f"{base}#{k}"
+        instances = _per_graph.setdefault(graph, naming.Instances())
+        return naming.Automatic(instances.next(base))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,31 +125,8 @@ def _cpu(x: tf.Tensor) -> tf.Tensor:
     return x
 
 
-def _bits(a: np.ndarray) -> np.ndarray:
-    return a.view(np.uint16) if a.dtype == _BFLOAT16 else a
-
-
 def _device_kind(tensors) -> int:
     return Device.CUDA if any(_on_gpu(t) for t in tensors) else Device.CPU
-
-
-def _wait_all(in_flight: list, error: BaseException | None) -> list:
-    """Waits for every (handle, keepalive) in flight (even after a failure); raises the first error."""
-    for i, (handle, keepalive) in enumerate(in_flight):
-        try:
-            status, message = handle.wait()
-        except BaseException:  # Ctrl-C: the runtime still uses the buffers of what is in flight
-            for h, k in in_flight[i:]:
-                keep_until_done(h, k)
-            raise
-        if status and error is None:
-            try:
-                raise_for_status(status, message)
-            except Exception as e:  # noqa: BLE001 - raised after every handle is waited for
-                error = e
-    if error is not None:
-        raise error
-    return [h for h, _ in in_flight]
 
 
 def submit_eager(kind: int, names: list[str], groups: list[list[tf.Tensor]], *, op: int = 0,
@@ -179,28 +143,24 @@ def submit_eager(kind: int, names: list[str], groups: list[list[tf.Tensor]], *, 
         size, rank = ps.size, ps.rank
     in_flight, results, error = [], [], None
     for name, tensors in zip(names, groups):
-        ins, outs, codes = [], [], []
+        ins, outs = [], []
         for t in tensors:
-            t = _cpu(t)
-            nd = np_dtype(t.dtype)
+            t = _cpu(t)  # a tf tensor exports DLPack: no copy
             shape = tuple(t.shape)
             if kind == Kind.REDUCESCATTER:
                 shape = (scatter_rows(shape[0], size, rank), *shape[1:])
-            # A tf tensor exports DLPack (zero-copy); NumPy cannot export bfloat16: pass its bits.
             ins.append(t)
-            outs.append(np.empty(shape, nd))
-            codes.append(NUMPY_DTYPES[nd])
+            outs.append(np.empty(shape, np_dtype(t.dtype)))
         try:
-            handle = ext.submit(kind, name, ins, [_bits(o) for o in outs], op, float(prescale),
-                                float(postscale), int(root), codes,
-                                refuse_if_in_flight=name not in _automatic, device=_device_kind(tensors),
-                                process_set=ps.id)
+            in_flight.append(submit.submit(
+                kind, name, ins, outs, submit.codes_of(outs), op=op, prescale=prescale,
+                postscale=postscale, root=root, device=_device_kind(tensors), process_set=ps.id,
+                refuse_duplicate=not isinstance(name, naming.Automatic)))
         except BaseException as e:  # submit refused: still wait for what is already in flight
             error = e
             break
-        in_flight.append((handle, (ins, outs)))
         results.append(outs)
-    _wait_all(in_flight, error)
+    submit.wait_all(in_flight, error)
     return results
 
 
@@ -222,19 +182,19 @@ def submit_allocated_eager(kind: int, names: list[str], groups: list[list[tf.Ten
         ins = [_cpu(t) for t in tensors]
         codes = [NUMPY_DTYPES[np_dtype(t.dtype)] for t in ins]
         try:
-            handle = ext.submit_allocated(kind, name, ins, list((splits or [None] * len(groups))[i] or []),
-                                          codes, refuse_if_in_flight=name not in _automatic,
-                                          device=_device_kind(tensors), process_set=ps.id)
+            in_flight.append(submit.submit_allocated(
+                kind, name, ins, codes, splits=(splits or [None] * len(groups))[i] or (),
+                device=_device_kind(tensors), process_set=ps.id,
+                refuse_duplicate=not isinstance(name, naming.Automatic)))
         except BaseException as e:  # submit refused: still wait for what is already in flight
             error = e
             break
-        in_flight.append((handle, ins))
-    handles = _wait_all(in_flight, error)
+    submit.wait_all(in_flight, error)
     out = []
-    for handle, tensors in zip(handles, groups):
+    for pending, tensors in zip(in_flight, groups):
         arrays = [raw.view(np_dtype(t.dtype)).reshape(shape)
-                  for (raw, shape), t in zip(handle.results(), tensors)]
-        out.append((arrays, [int(n) for n in handle.rows()], int(handle.contributors()) or ps.size))
+                  for (raw, shape), t in zip(pending.results(), tensors)]
+        out.append((arrays, pending.rows(), pending.contributors() or ps.size))
     return out
 
 

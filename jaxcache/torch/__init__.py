@@ -15,41 +15,8 @@ pending or unsupported (those raise and say so).
 
 from __future__ import annotations
 
-from ..compat.basics import (
-    HorovodInternalError,
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
-from ..compat.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
-from ..compat.reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
-from ..errors import (  # noqa: F401  (re-exported: what synchronize() raises)
-    CollectiveError,
-    DuplicateNameError,
-    JaxcacheError,
-    MismatchError,
-    ShutdownError,
-    StallError,
-)
+from ..compat import api as _api
+from ..compat.api import *  # noqa: F403  (the names every bridge shares: _api.__all__)
 from . import elastic
 from .collectives import (
     allgather,
@@ -94,14 +61,7 @@ from .sparse import sparse_allreduce_async
 from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
-    # process
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "cross_rank", "cross_size", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
-    "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
-    "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
-    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
-    # reduce ops
-    "Average", "Sum", "Adasum", "Min", "Max", "Product", "ReduceOp",
+    *_api.__all__,
     # collectives
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
@@ -112,7 +72,4 @@ __all__ = [
     # whole-model helpers
     "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "DistributedOptimizer", "SyncBatchNorm", "Compression", "elastic",
-    # errors
-    "HorovodInternalError", "JaxcacheError", "MismatchError", "StallError", "ShutdownError",
-    "DuplicateNameError", "CollectiveError",
 ]

@@ -158,41 +158,33 @@ class _TensorRef:
         self.dtype = getattr(torch, dtype)
 
 
+def _map_nested(obj, is_leaf, fn):
+    """`obj` (nested dicts, lists and tuples) with every leaf `is_leaf` picks replaced by fn(leaf)."""
+    if is_leaf(obj):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {k: _map_nested(v, is_leaf, fn) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        items = [_map_nested(v, is_leaf, fn) for v in obj]
+        return items if isinstance(obj, list) else tuple(items)
+    return obj
+
+
 def _strip(obj, tensors: list):
     """Replaces every tensor of a nested state by a _TensorRef, collecting the tensors."""
-    if isinstance(obj, torch.Tensor):
-        tensors.append(obj.detach())
-        return _TensorRef(len(tensors) - 1, tuple(obj.shape), obj.dtype)
-    if isinstance(obj, dict):
-        return {k: _strip(v, tensors) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_strip(v, tensors) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_strip(v, tensors) for v in obj)
-    return obj
+    def ref(t):
+        tensors.append(t.detach())
+        return _TensorRef(len(tensors) - 1, tuple(t.shape), t.dtype)
+
+    return _map_nested(obj, lambda o: isinstance(o, torch.Tensor), ref)
 
 
 def _refs(obj, out: list) -> None:
-    if isinstance(obj, _TensorRef):
-        out.append(obj)
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            _refs(v, out)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            _refs(v, out)
+    _map_nested(obj, lambda o: isinstance(o, _TensorRef), out.append)
 
 
 def _fill(obj, tensors: list):
-    if isinstance(obj, _TensorRef):
-        return tensors[obj.index]
-    if isinstance(obj, dict):
-        return {k: _fill(v, tensors) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_fill(v, tensors) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_fill(v, tensors) for v in obj)
-    return obj
+    return _map_nested(obj, lambda o: isinstance(o, _TensorRef), lambda r: tensors[r.index])
 
 
 def broadcast_optimizer_state(optimizer, root_rank: int = 0, model=None, *,

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .. import runtime as _runtime
-from .._ext import ext
+from .. import submit as _submit
 from ..compat import process_sets, reduce_ops
 from ..compat.process_sets import Resolved, global_process_set
 from ..errors import raise_for_status
@@ -101,31 +101,19 @@ def reduce_args(op: str, prescale: float, postscale: float) -> tuple[int, float,
 
 
 _lock = threading.Lock()
-# Automatic names held by handles not yet synchronized, per process set (names are matched
-# within a set, so a call site in flight in one set does not rename its call in another).
-_auto_in_flight: set[tuple[int, str]] = set()
 _outstanding: dict[int, "Handle"] = {}  # keeps tensors alive until synchronize()
+# Automatic names of handles not yet synchronized, per process set (names are matched within
+# a set, so a call site in flight in one set does not rename its call in another). Identical
+# across ranks running the same program: the suffix depends only on the order of
+# submissions and synchronize() calls, never on timing; synchronous calls always get the
+# bare name, so a loop re-uses one cached collective.
+_in_flight = naming.InFlight()
 
 
-_call_site = naming.call_site
-
-
-def _auto_name(kind: str, set_id: int) -> str:
-    """kind@call-site; '#k' (smallest k free) while earlier requests of the site in the same
-    process set are unsynchronized.
-
-    Identical across ranks when they run the same program: the suffix depends only on the
-    order of submissions and synchronize() calls, never on timing. Synchronous calls always
-    get the bare name, so a loop re-uses one cached collective.
-    """
-    base = f"torch.{kind}@{_call_site()}"
-    with _lock:
-        name, k = base, 0
-        while (set_id, name) in _auto_in_flight:
-            k += 1
-            name = f"{base}#{k}"
-        _auto_in_flight.add((set_id, name))
-    return name
+def _auto_name(kind: str, set_id: int) -> naming.Automatic:
+    """torch.kind@call-site; '#k' (smallest k free) while earlier requests of the site in
+    the same process set are unsynchronized."""
+    return _in_flight.take(set_id, f"torch.{kind}@{naming.call_site()}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,11 +173,11 @@ class Handle:
     ranks whose rows it holds (those that had not joined).
     """
 
-    __slots__ = ("name", "kind", "process_set", "rows", "contributors", "_native", "_inputs", "_outputs", "_results",
+    __slots__ = ("name", "kind", "process_set", "rows", "contributors", "_pending", "_results",
                  "_targets", "_copy_back", "_auto", "_single", "_bump", "_done", "_result",
                  "__weakref__")
 
-    def __init__(self, name: str, native, inputs: list, outputs: list, results: list, targets,
+    def __init__(self, name: str, pending: _submit.Pending, results: list, targets,
                  copy_back, auto: bool, single: bool, bump: bool, kind: int = Kind.ALLREDUCE,
                  process_set: Resolved | None = None):
         self.name = name
@@ -197,9 +185,7 @@ class Handle:
         self.process_set = process_set  # the set it runs in (its backward runs there too)
         self.rows: list[int] | None = None
         self.contributors: int | None = None
-        self._native = native
-        self._inputs = inputs  # referenced until completion: the runtime reads/writes them
-        self._outputs = outputs
+        self._pending = pending  # referenced until completion: the runtime uses its buffers
         self._results = results  # what synchronize() returns (CPU tensors)
         self._targets = targets  # the caller's tensors (for device moves and version bumps)
         self._copy_back = copy_back  # [(original, staging buffer)] for in-place fallbacks
@@ -211,12 +197,12 @@ class Handle:
 
     def poll(self) -> bool:
         """True once the collective has completed (synchronize() then returns at once)."""
-        return self._done or bool(self._native.poll())
+        return self._done or self._pending.poll()
 
     def wait(self):
         return synchronize(self)
 
-    def _finish(self, native):
+    def _finish(self, pending: _submit.Pending):
         if self._copy_back:
             for dst, buf in self._copy_back:
                 if dst.is_cuda:
@@ -233,7 +219,7 @@ class Handle:
         return out[0] if self._single else out
 
     def __repr__(self) -> str:
-        state = "synchronized" if self._done else ("complete" if self._native.poll() else "in flight")
+        state = "synchronized" if self._done else ("complete" if self._pending.poll() else "in flight")
         return f"<jaxcache.torch.Handle {self.name!r} {state}>"
 
 
@@ -256,11 +242,11 @@ class _AllocatedHandle(Handle):
 
     __slots__ = ("_splits_dtype",)
 
-    def _finish(self, native):
-        self.rows = [int(n) for n in native.rows()]
-        self.contributors = int(native.contributors()) or None
+    def _finish(self, pending: _submit.Pending):
+        self.rows = pending.rows()
+        self.contributors = pending.contributors() or None
         results = [_to_device_of(_over_runtime_buffer(raw, shape, t.dtype), t)
-                   for (raw, shape), t in zip(native.results(), self._targets)]
+                   for (raw, shape), t in zip(pending.results(), self._targets)]
         if self.kind == Kind.ALLTOALL:  # Horovod: synchronize() returns (tensor, received splits)
             return results[0], torch.tensor(self.rows, dtype=self._splits_dtype)
         return results[0] if self._single else results
@@ -269,15 +255,15 @@ class _AllocatedHandle(Handle):
 def _release(handle: Handle) -> None:
     with _lock:
         _outstanding.pop(id(handle), None)
-        if handle._auto:
-            _auto_in_flight.discard((handle.process_set.id, handle.name))
+    if handle._auto:
+        _in_flight.release(handle.process_set.id, handle.name)
 
 
 def _started(handle: Handle) -> Handle:
     """Registers a submitted handle; raises at once if the runtime refused a duplicate name."""
-    native = handle._native
-    if not handle._auto and native.poll():
-        status, message = native.wait()
+    pending = handle._pending
+    if not handle._auto and pending.poll():
+        status, message = pending.outcome()
         if status == ErrorKind.DUPLICATE:
             _release(handle)
             raise_for_status(status, message)
@@ -288,8 +274,7 @@ def _started(handle: Handle) -> Handle:
 
 def _discard_auto(name: str, auto_name: bool, set_id: int) -> None:
     if auto_name:
-        with _lock:
-            _auto_in_flight.discard((set_id, name))
+        _in_flight.release(set_id, name)
 
 
 def _device_kind(tensors) -> int:
@@ -343,13 +328,13 @@ def submit(kind: int, name: str, tensors: Sequence[torch.Tensor], *, inplace: bo
             inputs.append(inp)
             outputs.append(out)
             results.append(r)
-        native = ext.submit(kind, name, inputs, outputs, op, prescale, postscale, root, codes,
-                            refuse_if_in_flight=not auto_name, device=_device_kind(tensors),
-                            process_set=ps.id)
+        pending = _submit.submit(kind, name, inputs, outputs, codes, op=op, prescale=prescale,
+                                postscale=postscale, root=root, device=_device_kind(tensors),
+                                process_set=ps.id, refuse_duplicate=not auto_name)
     except BaseException:
         _discard_auto(name, auto_name, ps.id)
         raise
-    return _started(Handle(name, native, inputs, outputs, results, tensors, copy_back, auto_name,
+    return _started(Handle(name, pending, results, tensors, copy_back, auto_name,
                            single, bump and inplace, kind, ps))
 
 
@@ -367,14 +352,13 @@ def submit_allocated(kind: int, name: str, tensors: Sequence[torch.Tensor], *, s
             src = t.detach() if t.requires_grad else t
             inputs.append(_export(src if _zero_copy_ok(src) else _staged(src)))
             codes.append(_DTYPE_CODES[src.dtype])
-        native = ext.submit_allocated(kind, name, inputs, list(splits or []), codes,
-                                      refuse_if_in_flight=not auto_name, device=_device_kind(tensors),
-                                      process_set=ps.id)
+        pending = _submit.submit_allocated(kind, name, inputs, codes, splits=splits or (),
+                                          device=_device_kind(tensors), process_set=ps.id,
+                                          refuse_duplicate=not auto_name)
     except BaseException:
         _discard_auto(name, auto_name, ps.id)
         raise
-    handle = _AllocatedHandle(name, native, inputs, [], [], tensors, None, auto_name, single, False,
-                              kind, ps)
+    handle = _AllocatedHandle(name, pending, [], tensors, None, auto_name, single, False, kind, ps)
     handle._splits_dtype = splits_dtype
     return _started(handle)
 
@@ -390,16 +374,16 @@ def synchronize(handle):
         raise TypeError(f"jaxcache.torch.synchronize: expected a Handle, got {type(handle).__name__}")
     if handle._done:
         return handle._result
-    native = handle._native
-    status, message = native.wait()
+    pending = handle._pending
+    status, message = pending.native.wait()  # Ctrl-C: the handle stays outstanding
     handle._done = True
-    handle._native = None
+    handle._pending = None
     _release(handle)
     try:
         raise_for_status(status, message)
-        handle._result = handle._finish(native)
+        handle._result = handle._finish(pending)
     finally:
-        handle._inputs = handle._outputs = handle._copy_back = handle._targets = handle._results = None
+        handle._copy_back = handle._targets = handle._results = None
     return handle._result
 
 
@@ -418,9 +402,9 @@ def _drop_completed_at_exit() -> None:
     # lets the runtime's handle objects be freed before the extension module is torn down.
     with _lock:
         for key, h in list(_outstanding.items()):
-            if h._native is None or h._native.poll():
+            if h._pending is None or h._pending.poll():
                 del _outstanding[key]
-                h._native = h._inputs = h._outputs = h._targets = h._results = None
+                h._pending = h._targets = h._results = None
 
 
 atexit.register(_drop_completed_at_exit)

@@ -159,7 +159,7 @@ view = torch.zeros(10, 100)[3:5]  # contiguous view with a storage offset
 assert ext.data_pointer(view) == view.data_ptr()
 h = jct.allreduce_async_(t, op="sum", name="zero-copy")
 # What the bridge handed the runtime is the tensor's own memory, input and output alike.
-assert ext.data_pointer(h._inputs[0]) == t.data_ptr() and ext.data_pointer(h._outputs[0]) == t.data_ptr(), \
+assert ext.data_pointer(h._pending.inputs[0]) == t.data_ptr() and ext.data_pointer(h._pending.outputs[0]) == t.data_ptr(), \
     "the bridge staged a contiguous tensor"
 ptr_before = t.data_ptr()
 jct.synchronize(h)
@@ -167,12 +167,12 @@ assert t.data_ptr() == ptr_before
 assert torch.equal(t, torch.arange(1000, dtype=torch.float32) * SIZE + sum(range(SIZE)))
 # Out of place: the input is read in place, the output is a fresh tensor.
 h = jct.allreduce_async(t, op="max", name="zero-copy-oop")
-assert ext.data_pointer(h._inputs[0]) == t.data_ptr()
+assert ext.data_pointer(h._pending.inputs[0]) == t.data_ptr()
 out = jct.synchronize(h)
 assert ext.data_pointer(h_out := out) == h_out.data_ptr()
 bf = torch.ones(8, dtype=torch.bfloat16) * (RANK + 1)  # bfloat16 travels as its int16 bits, in place
 h = jct.allreduce_async_(bf, op="sum", name="zero-copy-bf16")
-assert ext.data_pointer(h._inputs[0]) == bf.data_ptr()
+assert ext.data_pointer(h._pending.inputs[0]) == bf.data_ptr()
 jct.synchronize(h)
 assert torch.equal(bf, torch.full((8,), float(sum(range(1, SIZE + 1))), dtype=torch.bfloat16))
 

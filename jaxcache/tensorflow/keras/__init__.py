@@ -14,31 +14,9 @@ from __future__ import annotations
 import keras as _keras
 import tensorflow as _tf
 
-from ...compat.basics import (
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
-from ...compat.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
-from ...compat.reduce_ops import Average, Sum
+from ...compat import api as _api
+from ...compat.api import *  # noqa: F403  (the names every bridge shares: _api.__all__)
+from ...compat.reduce_ops import Average
 from .. import collectives as _collectives
 from .. import functions as _functions
 from ..compression import Compression
@@ -105,10 +83,7 @@ def _all_subclasses(cls) -> list:
 
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "start_timeline", "stop_timeline", "size", "local_size",
-    "cross_size", "rank", "local_rank", "cross_rank", "mpi_threads_supported", "mpi_enabled",
-    "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built",
-    "rocm_built", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
-    "Average", "Sum", "Compression", "DistributedOptimizer", "broadcast_global_variables",
+    *_api.__all__,
+    "Compression", "DistributedOptimizer", "broadcast_global_variables",
     "allreduce", "allgather", "broadcast", "reducescatter", "load_model", "callbacks", "elastic",
 ]

@@ -1,0 +1,60 @@
+"""The state of one runtime session: what init() creates and shutdown() drops.
+
+Everything the Python layer keeps about a running runtime -- the agreed settings, the job
+communicator, the registered process sets, the node layout -- lives in one `Session`; `current()` is the
+only way to reach it, so nothing survives from one init() to the next by accident.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from mpi4py import MPI
+
+from . import config
+from ._ext import ext
+
+
+@dataclasses.dataclass
+class Session:
+    settings: config.Config
+    job_comm: MPI.Comm
+    # The registered jaxcache.ProcessSet objects by id (process_sets.py keeps them here).
+    process_sets: dict[int, object] = dataclasses.field(default_factory=dict)
+    next_set_id: int = 1
+    # (cross_rank, cross_size, is_homogeneous): learned collectively by the bridges' init().
+    topology: tuple[int, int, bool] | None = None
+
+
+_current: Session | None = None
+
+
+def begin(settings: config.Config, job_comm: MPI.Comm) -> Session:
+    """A new session (init()): it replaces the previous one."""
+    global _current
+    _current = Session(settings, job_comm)
+    return _current
+
+
+def end() -> None:
+    """Drops the session (shutdown())."""
+    global _current
+    _current = None
+
+
+def peek() -> Session | None:
+    """The session, or None before init() and after shutdown()."""
+    return _current
+
+
+def current(what: str = "this operation") -> Session:
+    """The running session; RuntimeError naming `what` when the runtime is not running."""
+    if _current is None or not ext.running():
+        raise RuntimeError(
+            f"jaxcache is not initialized (or has been shut down): call jaxcache.init() before {what}"
+        )
+    return _current
+
+
+def settings() -> config.Config:
+    """The settings of the running session; the defaults when none runs."""
+    return _current.settings if _current is not None else config.Config()
