@@ -178,24 +178,38 @@ std::string Reader::Str() {
   return s;
 }
 
+namespace {
+// A code read off the wire, refused when no enumerator has it (a corrupt message).
+template <typename E>
+E Code(uint8_t value, int count) {
+  if (value >= count) throw std::runtime_error("jaxcache: corrupt control message (code out of range)");
+  return static_cast<E>(value);
+}
+}  // namespace
+
 Signature Reader::Sig() {
   Signature s;
-  s.kind = static_cast<Kind>(U8());
-  s.op = static_cast<ReduceOp>(U8());
+  s.kind = Code<Kind>(U8(), kNumKinds);
+  s.op = Code<ReduceOp>(U8(), kNumReduceOps);
   s.prescale = F64();
   s.postscale = F64();
   s.root = I32();
-  s.device = static_cast<Device>(U8());
+  s.device = Code<Device>(U8(), kNumDevices);
   s.static_shapes = U8() != 0;
   uint32_t nsplits = U32();
   if (nsplits > remaining() / sizeof(int64_t)) throw std::runtime_error("jaxcache: truncated control message");
   s.splits.resize(nsplits);
   for (auto& v : s.splits) v = I64();
   uint32_t n = U32();
+  // Each tensor takes at least its dtype and rank bytes: a count beyond what is left is
+  // a truncated message, refused before anything is allocated for it.
+  if (n > remaining() / 2) throw std::runtime_error("jaxcache: truncated control message");
   s.tensors.resize(n);
   for (auto& t : s.tensors) {
-    t.dtype = static_cast<DType>(U8());
-    t.shape.resize(U8());
+    t.dtype = Code<DType>(U8(), kNumDTypes);
+    uint8_t ndim = U8();
+    if (ndim > remaining() / sizeof(int64_t)) throw std::runtime_error("jaxcache: truncated control message");
+    t.shape.resize(ndim);
     for (auto& d : t.shape) d = I64();
   }
   return s;

@@ -32,6 +32,15 @@ uint32_t EntryPayload(const char* at) {
   return bytes;
 }
 
+// The size of the entry at offset `at` (< total) of a message of `total`
+// bytes; an entry that runs past the end is a corrupt message.
+std::size_t EntrySize(const char* msg, std::size_t at, std::size_t total) {
+  const std::size_t left = total - at;
+  if (left < kEntryHeader || left - kEntryHeader < EntryPayload(msg + at))
+    throw std::runtime_error("jaxcache: truncated cycle message");
+  return kEntryHeader + EntryPayload(msg + at);
+}
+
 }  // namespace
 
 void CycleMessage::Assign(uint32_t bit, const Signature& sig) {
@@ -102,9 +111,9 @@ std::size_t CycleMessage::Combine(char* mine, std::size_t mine_bytes, char* thei
   // position never passes the read position: only entries of `mine` are kept).
   std::size_t m = head, t = head, w = head;
   while (m < mine_bytes && t < theirs_bytes) {
+    const std::size_t m_size = EntrySize(mine, m, mine_bytes);
+    const std::size_t t_size = EntrySize(theirs, t, theirs_bytes);
     const uint32_t mb = EntryBit(mine + m), tb = EntryBit(theirs + t);
-    const std::size_t m_size = kEntryHeader + EntryPayload(mine + m);
-    const std::size_t t_size = kEntryHeader + EntryPayload(theirs + t);
     if (mb < tb) {
       m += m_size;
       continue;

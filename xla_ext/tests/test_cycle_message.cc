@@ -271,3 +271,26 @@ TEST(CycleMessage, CombineRejectsEntriesTheRanksDisagreeOn) {
   std::vector<char> fine(r3.data(), r3.data() + r3.bytes());
   CHECK_EQ(r4.Combine(r4.data(), r4.bytes(), fine.data(), fine.size(), false), r4.bytes());
 }
+
+TEST(CycleMessage, CombineRejectsEntriesThatRunPastTheMessage) {
+  const std::vector<float> in(4, 1.0f);
+  CycleMessage mine, other;
+  for (CycleMessage* m : {&mine, &other}) {
+    m->Assign(0, Floats(4));
+    m->Prepare(1)[0] = 1;
+    m->Put(0, FloatRequest(in), 2);
+  }
+  const std::vector<char> whole(other.data(), other.data() + other.bytes());
+  // Cut inside the entry's header, then inside its payload: each is refused, not read past
+  // (an exact-size copy, so the sanitizer build sees any read beyond it).
+  const std::size_t entry = 8;  // after one word of bits
+  for (std::size_t cut : {entry + 4, whole.size() - 4}) {
+    std::vector<char> theirs(whole.begin(), whole.begin() + cut);
+    CHECK_THROWS(mine.Combine(mine.data(), mine.bytes(), theirs.data(), theirs.size(), false));
+  }
+  // A payload length that claims more than the message holds.
+  std::vector<char> lying(whole);
+  const uint32_t huge = 1u << 20;
+  std::memcpy(lying.data() + entry + 4, &huge, 4);
+  CHECK_THROWS(mine.Combine(mine.data(), mine.bytes(), lying.data(), lying.size(), false));
+}

@@ -2,6 +2,8 @@
 // that travel between ranks, and the decoder's checks on short input.
 #include <cstdint>
 #include <limits>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -114,4 +116,54 @@ TEST(WireFormat, ImpossibleSplitCountIsRefusedBeforeAllocating) {
   w.U32(0xffffffffu);
   Reader r(w.buffer().data(), w.buffer().size());
   CHECK_THROWS(r.Sig());
+}
+
+namespace {
+// The bytes of a signature header up to (not including) its tensor count.
+Writer HeaderWithoutTensors(uint8_t kind, uint8_t op, uint8_t device) {
+  Writer w;
+  w.U8(kind);
+  w.U8(op);
+  w.F64(1);
+  w.F64(1);
+  w.I32(0);
+  w.U8(device);
+  w.U8(0);
+  w.U32(0);  // no splits
+  return w;
+}
+}  // namespace
+
+TEST(WireFormat, ImpossibleTensorCountIsRefusedBeforeAllocating) {
+  // 2^32 - 1 tensors claimed in a few bytes: refused as truncated, not ~128 GiB resized.
+  Writer w = HeaderWithoutTensors(0, 0, 0);
+  w.U32(0xffffffffu);
+  Reader r(w.buffer().data(), w.buffer().size());
+  bool truncated = false;
+  try {
+    r.Sig();
+  } catch (const std::bad_alloc&) {  // (a bad_alloc is a runtime_error's sibling: not this)
+  } catch (const std::runtime_error&) {
+    truncated = true;
+  }
+  CHECK(truncated);
+}
+
+TEST(WireFormat, CodesOutOfRangeAreRefused) {
+  const uint8_t bad = 200;
+  for (int field = 0; field < 4; ++field) {
+    Writer w = HeaderWithoutTensors(field == 0 ? bad : 0, field == 1 ? bad : 0, field == 2 ? bad : 0);
+    w.U32(1);
+    w.U8(field == 3 ? bad : 0);  // the tensor's dtype
+    w.U8(0);                     // a scalar
+    Reader r(w.buffer().data(), w.buffer().size());
+    CHECK_THROWS(r.Sig());
+  }
+  // The same bytes with valid codes decode.
+  Writer ok = HeaderWithoutTensors(0, 0, 0);
+  ok.U32(1);
+  ok.U8(0);
+  ok.U8(0);
+  Reader r(ok.buffer().data(), ok.buffer().size());
+  CHECK_EQ(r.Sig().tensors.size(), 1u);
 }
