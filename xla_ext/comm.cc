@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <cstdio>
 #include <stdexcept>
@@ -114,8 +115,12 @@ void Comm::AbortUnanswered(const char* what, double waited) {
                "JAXCACHE_STALL_SHUTDOWN_TIME=S allows: max(2 S, S + 5) = %g s)\n",
                rank_, what, waited, abort_timeout_s_);
   std::fflush(stderr);
-  MPI_Abort(comm_, 70);
-  std::abort();
+  AbortJob(comm_, 70);
+}
+
+void AbortJob(MPI_Comm comm, int code) {
+  MPI_Abort(comm, code);
+  std::abort();  // this MPICH's MPI_Abort can return
 }
 
 // Recursive doubling over point-to-point messages rather than MPI_Iallreduce:

@@ -151,6 +151,10 @@ class Comm {
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
 };
 
+// Ends the job from this rank: MPI_Abort on `comm` (which tells the launcher
+// to kill every rank), and this process ends even if MPI_Abort returns.
+[[noreturn]] void AbortJob(MPI_Comm comm, int code);
+
 // Thrown out of a wait that was abandoned (see SetAbandonFlag).
 struct AbandonedError : std::runtime_error {
   using std::runtime_error::runtime_error;

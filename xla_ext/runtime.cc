@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include <algorithm>
@@ -89,11 +90,11 @@ std::string Runtime::StartTimeline(const std::string& path, bool mark_cycles) {
 void Runtime::StopTimeline() { timeline_.Close(); }
 
 Runtime::~Runtime() {
-  if (!thread_.joinable()) return;
-  // Destroyed on its own thread: the process exits from there (MPI_Abort may
-  // call exit() after a peer stopped answering), and a thread cannot join itself.
-  if (thread_.get_id() == std::this_thread::get_id()) thread_.detach();
-  else thread_.join();
+  // (When MPI_Abort exits the process from the loop thread, this join of itself
+  // throws, and the terminate that follows is what ends the process at once; a
+  // gentler teardown here waits on peers that are gone: the multihost link-fault
+  // test then hangs.)
+  if (thread_.joinable()) thread_.join();
 }
 
 std::vector<std::shared_ptr<ProcessSet>> Runtime::Sets() const {
@@ -234,8 +235,7 @@ void Runtime::Fatal(const std::exception& e) {
   std::fflush(stderr);
   Status failed = Status::Error(ErrorKind::kInternal, std::string("jaxcache: fatal error: ") + e.what());
   for (auto& set : Sets()) set->table().Close(failed);
-  MPI_Abort(global_->comm().handle(), 71);
-  std::abort();
+  AbortJob(global_->comm().handle(), 71);
 }
 
 void Runtime::Submit(RequestPtr req, bool drive) {
