@@ -25,13 +25,10 @@ def mpirun_path() -> str:
     return found
 
 
-def run_mpi(script: str, np: int, *args: str, timeout: float = 120, env: dict | None = None,
-            expect_fail: bool = False) -> subprocess.CompletedProcess:
-    """Runs tests/mpi/<script> on `np` ranks; kills the whole job past `timeout` seconds."""
-    full_env = dict(os.environ)
-    full_env.update({"JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"})
-    full_env.update(env or {})
-    cmd = [mpirun_path(), "-np", str(np), sys.executable, str(MPI_DIR / script), *args]
+def run_job(cmd: list, env: dict | None, timeout: float, on_timeout: str) -> tuple[int, str]:
+    """(exit status, output) of the job `cmd`, its whole process group killed past `timeout`
+    seconds (then the test fails with `on_timeout` and the output's tail)."""
+    full_env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=full_env, start_new_session=True)
     try:
@@ -39,10 +36,18 @@ def run_mpi(script: str, np: int, *args: str, timeout: float = 120, env: dict | 
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        pytest.fail(f"{script} on {np} ranks timed out after {timeout}s (deadlock?)\n{out[-6000:]}")
-    result = subprocess.CompletedProcess(cmd, proc.returncode, out, "")
-    if not expect_fail and proc.returncode != 0:
-        pytest.fail(f"{script} on {np} ranks failed (rc={proc.returncode}):\n{out[-8000:]}")
+        pytest.fail(f"{on_timeout}\n{out[-6000:]}")
+    return proc.returncode, out
+
+
+def run_mpi(script: str, np: int, *args: str, timeout: float = 120, env: dict | None = None,
+            expect_fail: bool = False) -> subprocess.CompletedProcess:
+    """Runs tests/mpi/<script> on `np` ranks; kills the whole job past `timeout` seconds."""
+    cmd = [mpirun_path(), "-np", str(np), sys.executable, str(MPI_DIR / script), *args]
+    rc, out = run_job(cmd, env, timeout, f"{script} on {np} ranks timed out after {timeout}s (deadlock?)")
+    result = subprocess.CompletedProcess(cmd, rc, out, "")
+    if not expect_fail and rc != 0:
+        pytest.fail(f"{script} on {np} ranks failed (rc={rc}):\n{out[-8000:]}")
     return result
 
 

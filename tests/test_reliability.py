@@ -1,16 +1,14 @@
 """Reliability: errors on every rank, stalls, shutdown, dead ranks, bad input, chunking,
 property-based sequences and a soak (2 and 3 ranks, all bounded by timeouts)."""
 
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import MPI_DIR, mpirun_path, run_mpi
+from conftest import MPI_DIR, mpirun_path, run_job, run_mpi
 
 
 def test_mismatch_duplicates_bad_input(nranks):
@@ -56,17 +54,9 @@ def run_without_launcher_teardown(script: str, np: int, *args: str, env: dict, t
     rank_cmd = ["sh", "-c", 'trap "" USR1; "$@"; exit $?', "sh",
                 sys.executable, str(MPI_DIR / script), *args]
     cmd = [mpirun, "-disable-auto-cleanup", "-np", str(np), *rank_cmd]
-    full_env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **env}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=full_env, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"{script} on {np} ranks still ran {timeout}s after start: the survivors did not "
-                    f"detect the dead rank\n{out[-6000:]}")
-    return proc.returncode, out, time.time()
+    rc, out = run_job(cmd, env, timeout, f"{script} on {np} ranks still ran {timeout}s after start: "
+                      "the survivors did not detect the dead rank")
+    return rc, out, time.time()
 
 
 def test_killed_rank_detected_by_runtime(nranks):

@@ -114,13 +114,9 @@ def _query(name: str, read: Callable[[], Any], doc: str) -> Callable[[], Any]:
 
 
 def _constant(name: str, value: Any, doc: str) -> Callable[[], Any]:
-    """Horovod's build-information function `name`: what jaxcache has (`value`)."""
-    def built():
-        return value
-
-    built.__name__ = built.__qualname__ = name
-    built.__doc__ = doc
-    return built
+    """Horovod's build-information function `name`: what jaxcache has (`value`), before
+    init() too."""
+    return _runtime.query_function(name, lambda: value, doc, require=lambda name: None)
 
 
 rank = _query("rank", _runtime.rank, "This process's rank in the job.")

@@ -11,6 +11,7 @@ import traceback
 from mpi4py import MPI
 
 COMM = MPI.COMM_WORLD
+NODE = COMM.Split_type(MPI.COMM_TYPE_SHARED)  # this node's ranks
 
 
 class Coverage:
@@ -31,6 +32,35 @@ class Coverage:
         for name in names:
             assert name not in self.names[section], f"{section}.{name} covered twice"
             self.names[section].append(name)
+
+    def check_process_api(self, S: str, hvd, homogeneous: bool = True):
+        """init, the queries and the build flags of module `hvd`; returns the set given to init."""
+        assert hvd.is_initialized() is False
+        raises(ValueError, hvd.size)
+        assert hvd.mpi_enabled() is False
+        first = hvd.ProcessSet([0])
+        hvd.init(process_sets=[first])
+        assert hvd.is_initialized() is True
+        assert first.process_set_id not in (None, 0) and first.ranks == [0], "init(process_sets=)"
+        self.covered(S, "init")
+        assert type(hvd.size()) is int and hvd.size() == COMM.size
+        assert type(hvd.rank()) is int and hvd.rank() == COMM.rank
+        assert (hvd.local_rank(), hvd.local_size()) == (NODE.rank, NODE.size)
+        local_ranks = COMM.allgather(NODE.rank)
+        peers = [r for r in range(COMM.size) if local_ranks[r] == NODE.rank]
+        assert (hvd.cross_rank(), hvd.cross_size()) == (peers.index(COMM.rank), len(peers))
+        self.covered(S, "size", "rank", "local_rank", "local_size", "cross_rank", "cross_size")
+        if homogeneous:
+            assert hvd.is_homogeneous() is (len(set(COMM.allgather(NODE.size))) == 1)
+            self.covered(S, "is_homogeneous")
+        assert hvd.mpi_threads_supported() is True and hvd.mpi_enabled() is True and hvd.mpi_built() is True
+        assert hvd.gloo_enabled() is False and hvd.gloo_built() is False
+        assert type(hvd.nccl_built()) is int and hvd.nccl_built() == 0
+        assert hvd.ddl_built() is False and hvd.ccl_built() is False
+        assert hvd.cuda_built() is False and hvd.rocm_built() is False
+        self.covered(S, "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
+                "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built")
+        return first
 
     def run(self, checks) -> None:
         """Runs checks(); a failure on any rank prints the traceback and ends the job. Then rank 0

@@ -19,8 +19,7 @@ import warnings  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from _names_coverage import COMM, Coverage, raises  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+from _names_coverage import COMM, NODE, Coverage, raises  # noqa: E402
 
 import jaxcache  # noqa: E402
 import jaxcache.tensorflow as tfh  # noqa: E402
@@ -31,7 +30,7 @@ TF, TFE = "horovod.tensorflow", "horovod.tensorflow.elastic"
 K, KC, KE = "horovod.tensorflow.keras", "horovod.tensorflow.keras.callbacks", "horovod.tensorflow.keras.elastic"
 cov = Coverage({TF: tfh, TFE: tfh.elastic, K: kh, KC: kh.callbacks, KE: kh.elastic})
 covered = cov.covered
-node = COMM.Split_type(MPI.COMM_TYPE_SHARED)
+node = NODE
 ROOT = SIZE - 1
 
 
@@ -54,36 +53,6 @@ def my_rows(n: int) -> slice:
     """This rank's rows of an n-row reducescatter (Horovod's split)."""
     lo = sum(n // SIZE + (q < n % SIZE) for q in range(RANK))
     return slice(lo, lo + n // SIZE + (RANK < n % SIZE))
-
-
-def process_api(S: str, hvd, homogeneous: bool = True):
-    """init, the queries and the build flags of module `hvd`; returns the set given to init."""
-    assert hvd.is_initialized() is False
-    raises(ValueError, hvd.size)
-    assert hvd.mpi_enabled() is False
-    first = hvd.ProcessSet([0])
-    hvd.init(process_sets=[first])
-    assert hvd.is_initialized() is True
-    assert first.process_set_id not in (None, 0) and first.ranks == [0], "init(process_sets=)"
-    covered(S, "init")
-    assert type(hvd.size()) is int and hvd.size() == SIZE
-    assert type(hvd.rank()) is int and hvd.rank() == RANK
-    assert (hvd.local_rank(), hvd.local_size()) == (node.rank, node.size)
-    local_ranks = COMM.allgather(node.rank)
-    peers = [r for r in range(SIZE) if local_ranks[r] == node.rank]
-    assert (hvd.cross_rank(), hvd.cross_size()) == (peers.index(RANK), len(peers))
-    covered(S, "size", "rank", "local_rank", "local_size", "cross_rank", "cross_size")
-    if homogeneous:
-        assert hvd.is_homogeneous() is (len(set(COMM.allgather(node.size))) == 1)
-        covered(S, "is_homogeneous")
-    assert hvd.mpi_threads_supported() is True and hvd.mpi_enabled() is True and hvd.mpi_built() is True
-    assert hvd.gloo_enabled() is False and hvd.gloo_built() is False
-    assert type(hvd.nccl_built()) is int and hvd.nccl_built() == 0
-    assert hvd.ddl_built() is False and hvd.ccl_built() is False
-    assert hvd.cuda_built() is False and hvd.rocm_built() is False
-    covered(S, "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
-            "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built")
-    return first
 
 
 def process_sets(S: str, hvd, first) -> None:
@@ -156,7 +125,7 @@ def check_tensorflow() -> None:
     hvd = tfh
     # --- before init: Horovod's -1 for "not initialized" ---------------------------------------
     assert int(hvd.process_set_included_op()) == -1
-    first = process_api(TF, hvd)
+    first = cov.check_process_api(TF, hvd)
 
     @tf.function
     def queried():
@@ -362,7 +331,7 @@ class Logs(keras.callbacks.Callback):
 
 def check_keras() -> None:
     hvd = kh
-    first = process_api(K, hvd, homogeneous=False)
+    first = cov.check_process_api(K, hvd, homogeneous=False)
     process_sets(K, hvd, first)
     timeline(K, hvd)
 

@@ -19,7 +19,6 @@ import warnings
 import numpy as np
 import torch
 from _names_coverage import COMM, Coverage, raises
-from mpi4py import MPI
 
 import jaxcache
 import jaxcache.torch as hvd
@@ -48,37 +47,11 @@ def every(seed: int, shape) -> np.ndarray:
     return np.stack([data(seed, shape, r).numpy() for r in range(SIZE)])
 
 
-node = COMM.Split_type(MPI.COMM_TYPE_SHARED)
 
 
 def run() -> None:
     # --- before init() ---------------------------------------------------------------------
-    assert hvd.is_initialized() is False
-    raises(ValueError, hvd.size)
-    assert hvd.mpi_enabled() is False
-
-    ps_first = hvd.ProcessSet([0])
-    hvd.init(process_sets=[ps_first])
-    assert hvd.is_initialized() is True
-    assert ps_first.process_set_id not in (None, 0) and ps_first.ranks == [0], "init(process_sets=)"
-    covered(T, "init")
-
-    # --- process queries against mpi4py --------------------------------------------------------
-    assert type(hvd.size()) is int and hvd.size() == SIZE
-    assert type(hvd.rank()) is int and hvd.rank() == RANK
-    assert (hvd.local_rank(), hvd.local_size()) == (node.rank, node.size)
-    local_ranks = COMM.allgather(node.rank)
-    peers = [r for r in range(SIZE) if local_ranks[r] == node.rank]
-    assert (hvd.cross_rank(), hvd.cross_size()) == (peers.index(RANK), len(peers))
-    assert hvd.is_homogeneous() is (len(set(COMM.allgather(node.size))) == 1)
-    covered(T, "size", "rank", "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous")
-    assert hvd.mpi_threads_supported() is True and hvd.mpi_enabled() is True and hvd.mpi_built() is True
-    assert hvd.gloo_enabled() is False and hvd.gloo_built() is False
-    assert type(hvd.nccl_built()) is int and hvd.nccl_built() == 0
-    assert hvd.ddl_built() is False and hvd.ccl_built() is False
-    assert hvd.cuda_built() is False and hvd.rocm_built() is False
-    covered(T, "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
-            "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built")
+    ps_first = cov.check_process_api(T, hvd)
 
     # --- reduce ops: Horovod's values, and each one's effect -----------------------------------
     xs = every(1, (3, 2))
