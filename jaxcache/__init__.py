@@ -25,6 +25,7 @@ _EXPORTS = {
     "broadcast": "ops.broadcast", "allgather": "ops.allgather",
     "grouped_allgather": "ops.allgather", "reducescatter": "ops.reducescatter",
     "grouped_reducescatter": "ops.grouped_reducescatter", "alltoall": "ops.alltoall",
+    "reduce": "ops.reduce", "scan": "ops.scan", "gather": "ops.rooted", "scatter": "ops.rooted",
     "broadcast_object": "objects", "allgather_object": "objects",
     "JaxcacheError": "errors", "MismatchError": "errors", "StallError": "errors",
     "ShutdownError": "errors", "DuplicateNameError": "errors", "CollectiveError": "errors",

@@ -14,27 +14,24 @@
 
 namespace jaxcache {
 
-namespace {
-
-void Check(int rc, const char* what) {
+void CheckMpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, msg, &len);
   throw std::runtime_error(std::string("jaxcache: ") + what + " failed: " + std::string(msg, len));
 }
-}  // namespace
 
 Comm::Comm(MPI_Comm user_comm, int64_t max_count, int64_t chunk_bytes)
     : max_count_(std::max<int64_t>(1, std::min<int64_t>(max_count, INT_MAX))),
       chunk_bytes_(chunk_bytes) {
-  Check(MPI_Comm_dup(user_comm, &comm_), "MPI_Comm_dup");
+  CheckMpi(MPI_Comm_dup(user_comm, &comm_), "MPI_Comm_dup");
   // Errors come back as codes so the runtime can report them instead of aborting.
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
   MPI_Comm local;
-  Check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local),
+  CheckMpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local),
         "MPI_Comm_split_type");
   MPI_Comm_rank(local, &local_rank_);
   MPI_Comm_size(local, &local_size_);
@@ -55,7 +52,7 @@ bool TestAll(int n, MPI_Request* reqs, MPI_Status* statuses, std::string* error)
   int rc = MPI_Testall(n, reqs, &done, statuses);
   if (rc == MPI_SUCCESS) return done != 0;
   try {
-    Check(rc, "completing an MPI call");
+    CheckMpi(rc, "completing an MPI call");
   } catch (const std::exception& e) {
     *error = e.what();
   }
@@ -95,12 +92,6 @@ bool Comm::Poll() {
   parked_n_ = 0;
   h.resume();
   return true;
-}
-
-template <typename Start>
-Task<> Comm::Run(const char* what, Start start) {
-  Check(start(&reqs_[0]), what);
-  co_await Await(1, what);
 }
 
 void Comm::CheckAbandoned(const char* what) const {
@@ -173,15 +164,15 @@ Task<> Comm::CycleStep(const void* send, std::size_t send_bytes, int to, void* r
                        std::size_t recv_max, int from, std::size_t* received) {
   int n = 0;
   if (recv)  // first, so that its status is statuses_[0]
-    Check(MPI_Irecv(recv, static_cast<int>(recv_max), MPI_BYTE, from, kCycleTag, comm_, &reqs_[n++]),
+    CheckMpi(MPI_Irecv(recv, static_cast<int>(recv_max), MPI_BYTE, from, kCycleTag, comm_, &reqs_[n++]),
           "MPI_Irecv");
   if (send)
-    Check(MPI_Isend(send, static_cast<int>(send_bytes), MPI_BYTE, to, kCycleTag, comm_, &reqs_[n++]),
+    CheckMpi(MPI_Isend(send, static_cast<int>(send_bytes), MPI_BYTE, to, kCycleTag, comm_, &reqs_[n++]),
           "MPI_Isend");
   co_await Await(n, "the negotiation cycle", Wait::kArrival);
   if (recv) {
     int count = 0;
-    Check(MPI_Get_count(&statuses_[0], MPI_BYTE, &count), "MPI_Get_count");
+    CheckMpi(MPI_Get_count(&statuses_[0], MPI_BYTE, &count), "MPI_Get_count");
     *received = static_cast<std::size_t>(count);
   }
 }
@@ -413,9 +404,9 @@ Task<> Comm::Exchange(const void* send, int64_t send_count, int to, void* recv, 
   MPI_Datatype type = MpiDatatype(dtype);
   int n = 0;
   if (recv_count > 0)
-    Check(MPI_Irecv(recv, static_cast<int>(recv_count), type, from, 0, comm_, &reqs_[n++]), "MPI_Irecv");
+    CheckMpi(MPI_Irecv(recv, static_cast<int>(recv_count), type, from, 0, comm_, &reqs_[n++]), "MPI_Irecv");
   if (send_count > 0)
-    Check(MPI_Isend(send, static_cast<int>(send_count), type, to, 0, comm_, &reqs_[n++]), "MPI_Isend");
+    CheckMpi(MPI_Isend(send, static_cast<int>(send_count), type, to, 0, comm_, &reqs_[n++]), "MPI_Isend");
   if (n > 0) co_await Await(n, what);
 }
 

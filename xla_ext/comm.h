@@ -24,6 +24,9 @@
 
 namespace jaxcache {
 
+// Throws "jaxcache: <what> failed: <MPI's error string>" unless rc is MPI_SUCCESS.
+void CheckMpi(int rc, const char* what);
+
 class Comm {
  public:
   // What a parked request waits for: the other ranks to arrive (a cycle's
@@ -60,6 +63,14 @@ class Comm {
   bool Poll();
 
   // --- awaitable steps ------------------------------------------------------
+  // Starts one nonblocking call into a request of this Comm (`start(MPI_Request*)`
+  // returns its MPI code) and awaits it: how a collective (collectives/) makes
+  // an MPI call that none of the steps below makes.
+  template <typename Start>
+  Task<> Run(const char* what, Start start) {
+    CheckMpi(start(&reqs_[0]), what);
+    co_await Await(1, what);
+  }
   // Merges a peer's message into this rank's, in place: combine(mine,
   // mine_bytes, theirs, theirs_bytes, theirs_lower) returns the new size of
   // mine; `theirs` is scratch. theirs_lower: theirs comes from lower ranks.
@@ -120,9 +131,6 @@ class Comm {
     void await_resume();
   };
   Parked Await(int n, const char* what, Wait wait = Wait::kTransfer) { return {*this, n, what, wait}; }
-  // Starts one nonblocking call into reqs_[0] (`start` returns its MPI code) and awaits it.
-  template <typename Start>
-  Task<> Run(const char* what, Start start);
   // One step of CycleAllreduce: sends `send_bytes` of `send` to `to` and/or
   // receives at most `recv_max` bytes into `recv` from `from` (null: that
   // side is skipped); *received is how many arrived.

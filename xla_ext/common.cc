@@ -77,13 +77,10 @@ const char* ReduceOpName(ReduceOp op) {
 
 const char* KindName(Kind k) {
   switch (k) {
-    case Kind::kAllreduce: return "allreduce";
-    case Kind::kBroadcast: return "broadcast";
-    case Kind::kAllgather: return "allgather";
-    case Kind::kBarrier: return "barrier";
-    case Kind::kReducescatter: return "reducescatter";
-    case Kind::kAlltoall: return "alltoall";
-    case Kind::kJoin: return "join";
+#define JAXCACHE_KIND_NAME(E, name, target) \
+  case Kind::k##E: return name;
+    JAXCACHE_KINDS(JAXCACHE_KIND_NAME)
+#undef JAXCACHE_KIND_NAME
   }
   return "unknown";
 }
@@ -108,16 +105,6 @@ std::size_t TensorSpec::RowBytes() const {
   std::size_t n = ElementSize(dtype);
   for (std::size_t i = 1; i < shape.size(); ++i) n *= static_cast<std::size_t>(shape[i]);
   return n;
-}
-
-std::size_t ResultBytes(Kind kind, const TensorSpec& spec, int rank, int size) {
-  switch (kind) {
-    case Kind::kAllgather: return spec.NumBytes() * size;
-    case Kind::kReducescatter: return ScatterRows(spec.Rows(), size, rank) * spec.RowBytes();
-    case Kind::kAllreduce: case Kind::kBroadcast: case Kind::kAlltoall: return spec.NumBytes();
-    case Kind::kBarrier: case Kind::kJoin: return 0;
-  }
-  return 0;
 }
 
 std::string RankList(const std::vector<int>& ranks) {

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "collectives/kinds.h"
+
 namespace jaxcache {
 
 // Our own dtype codes: stable across XLA versions and frameworks, and small
@@ -23,11 +25,13 @@ constexpr int kNumDTypes = 15;
 // have not joined, see join_state.h); the runtime applies the division.
 enum class ReduceOp : uint8_t { kSum = 0, kMin, kMax, kProd, kAverage };
 constexpr int kNumReduceOps = 5;
-// kBarrier and kJoin carry no tensors: their negotiation is the synchronization.
-enum class Kind : uint8_t {
-  kAllreduce = 0, kBroadcast, kAllgather, kBarrier, kReducescatter, kAlltoall, kJoin,
-};
-constexpr int kNumKinds = 7;
+// The collective kinds (collectives/kinds.h lists them; collective.h says what each does).
+#define JAXCACHE_KIND_ENUMERATOR(E, name, target) k##E,
+enum class Kind : uint8_t { JAXCACHE_KINDS(JAXCACHE_KIND_ENUMERATOR) };
+#undef JAXCACHE_KIND_ENUMERATOR
+#define JAXCACHE_KIND_COUNT(E, name, target) +1
+constexpr int kNumKinds = 0 JAXCACHE_KINDS(JAXCACHE_KIND_COUNT);
+#undef JAXCACHE_KIND_COUNT
 // Where the submitter's tensors live. The runtime always works on host memory
 // (the CUDA handlers stage through it), but the kind is part of the signature:
 // a CPU array on one rank against a GPU array on another is a user error.
@@ -79,16 +83,12 @@ struct TensorSpec {
 
 // Everything that must agree across ranks for one named collective. A group
 // is one signature with several tensors.
-// Bytes of one result of `kind` for an operand `spec` on rank `rank`, when
-// every rank has the same shapes (what a preallocated result must hold).
-std::size_t ResultBytes(Kind kind, const TensorSpec& spec, int rank, int size);
-
 struct Signature {
   Kind kind = Kind::kAllreduce;
   ReduceOp op = ReduceOp::kSum;
   double prescale = 1.0;
   double postscale = 1.0;
-  int32_t root = 0;
+  int32_t root = 0;  // broadcast, reduce
   Device device = Device::kCpu;
   // allgather / alltoall: the submitter sized its outputs for equal shapes on
   // every rank (jit, preallocated eager outputs), so the ranks must agree on

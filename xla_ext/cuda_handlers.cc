@@ -6,6 +6,7 @@
 #include <mutex>
 #include <vector>
 
+#include "collectives/collective.h"
 #include "cuda_staging.h"
 #include "ffi_handlers.h"
 #include "runtime.h"
@@ -67,7 +68,7 @@ ffi::Error RunStaged(cudaStream_t stream, const CollectiveCall& call, const Call
 
   // Reductions and broadcasts work in place, so one region serves as operand
   // and result; any other collective gets a separate result region.
-  const bool in_place = call.kind == Kind::kAllreduce || call.kind == Kind::kBroadcast;
+  const bool in_place = CollectiveOf(call.kind).InPlace();
   std::vector<Region> regions(req.inputs.size());
   std::size_t total = 0;
   for (std::size_t i = 0; i < regions.size(); ++i) {
@@ -124,28 +125,12 @@ ffi::Error RunStaged(cudaStream_t stream, const CollectiveCall& call, const Call
   return ffi::Error::Success();
 }
 
-// As on the CPU (ffi_handlers.cc): the kinds whose handlers differ only in their Kind.
+// As on the CPU (ffi_handlers.cc): the execute stage of every kind's target.
 template <Kind kKind>
-ffi::Error ReductionImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
-                         ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size,
-                         int64_t set, int64_t op, double prescale, double postscale) {
-  return RunStaged(stream, {kKind, world_size, int32_t(set), static_cast<ReduceOp>(op), prescale, postscale, 0},
-                   *site, args, rets);
-}
-
-template <Kind kKind>
-ffi::Error MovementImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
-                        ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size,
-                        int64_t set) {
-  return RunStaged(stream, {kKind, world_size, int32_t(set)}, *site, args, rets);
-}
-
-ffi::Error BroadcastImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
-                         ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size,
-                         int64_t set, int64_t root) {
-  return RunStaged(stream,
-                   {Kind::kBroadcast, world_size, int32_t(set), ReduceOp::kSum, 1.0, 1.0, static_cast<int32_t>(root)},
-                   *site, args, rets);
+ffi::Error CollectiveImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
+                          ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size,
+                          int64_t set, int64_t op, double prescale, double postscale, int64_t root) {
+  return RunStaged(stream, {kKind, world_size, set, op, prescale, postscale, root}, *site, args, rets);
 }
 
 ffi::Error RankImpl(cudaStream_t stream, ffi::Result<ffi::Buffer<ffi::S32>> out,
@@ -183,31 +168,19 @@ std::size_t CudaStagingBytes() { return StagingPool::Get().held_bytes(); }
 void* CudaCallSiteTypeId() { return &CudaCallSite::id; }
 void* CudaCallSiteTypeInfo() { return &cuda_call_site_type_info; }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AllreduceCudaInstantiate, InstantiateReduce<CudaCallSite>,
-                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_REDUCE_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BroadcastCudaInstantiate, InstantiateBroadcast<CudaCallSite>,
-                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_BROADCAST_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherCudaInstantiate, InstantiateGather<CudaCallSite>,
-                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_COMMON_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ReducescatterCudaInstantiate, InstantiateReduce<CudaCallSite>,
-                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_REDUCE_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AlltoallCudaInstantiate, InstantiateGather<CudaCallSite>,
-                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_COMMON_ATTRS);
-
 #define JAXCACHE_CUDA_BIND \
   ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::State<CudaCallSite>>() \
       .RemainingArgs().RemainingRets()
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AllreduceCudaHandler, ReductionImpl<Kind::kAllreduce>,
-                              JAXCACHE_CUDA_BIND JAXCACHE_FFI_REDUCE_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BroadcastCudaHandler, BroadcastImpl,
-                              JAXCACHE_CUDA_BIND JAXCACHE_FFI_BROADCAST_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherCudaHandler, MovementImpl<Kind::kAllgather>,
-                              JAXCACHE_CUDA_BIND JAXCACHE_FFI_COMMON_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ReducescatterCudaHandler, ReductionImpl<Kind::kReducescatter>,
-                              JAXCACHE_CUDA_BIND JAXCACHE_FFI_REDUCE_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AlltoallCudaHandler, MovementImpl<Kind::kAlltoall>,
-                              JAXCACHE_CUDA_BIND JAXCACHE_FFI_COMMON_ATTRS);
+#define JAXCACHE_DEFINE_CUDA_TARGET(E, name, target)                                             \
+  JAXCACHE_IF_XLA(target,                                                                        \
+                  XLA_FFI_DEFINE_HANDLER_SYMBOL(E##CudaInstantiate, Instantiate<CudaCallSite>,    \
+                                                ffi::Ffi::BindInstantiate() JAXCACHE_FFI_ATTRS);  \
+                  XLA_FFI_DEFINE_HANDLER_SYMBOL(E##CudaHandler, CollectiveImpl<Kind::k##E>,       \
+                                                JAXCACHE_CUDA_BIND JAXCACHE_FFI_ATTRS);)
+JAXCACHE_KINDS(JAXCACHE_DEFINE_CUDA_TARGET)
+#undef JAXCACHE_DEFINE_CUDA_TARGET
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RankCudaHandler, RankImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()

@@ -27,17 +27,12 @@ struct CudaCallSite : CallSite {
 void* CudaCallSiteTypeId();
 void* CudaCallSiteTypeInfo();
 
-XLA_FFI_DECLARE_HANDLER_SYMBOL(AllreduceCudaInstantiate);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(BroadcastCudaInstantiate);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(AllgatherCudaInstantiate);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(ReducescatterCudaInstantiate);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(AlltoallCudaInstantiate);
-
-XLA_FFI_DECLARE_HANDLER_SYMBOL(AllreduceCudaHandler);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(BroadcastCudaHandler);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(AllgatherCudaHandler);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(ReducescatterCudaHandler);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(AlltoallCudaHandler);
+// <Kind>CudaInstantiate and <Kind>CudaHandler for every kind with an XLA target.
+#define JAXCACHE_DECLARE_CUDA_TARGET(E, name, target)                         \
+  JAXCACHE_IF_XLA(target, XLA_FFI_DECLARE_HANDLER_SYMBOL(E##CudaInstantiate); \
+                  XLA_FFI_DECLARE_HANDLER_SYMBOL(E##CudaHandler);)
+JAXCACHE_KINDS(JAXCACHE_DECLARE_CUDA_TARGET)
+#undef JAXCACHE_DECLARE_CUDA_TARGET
 XLA_FFI_DECLARE_HANDLER_SYMBOL(RankCudaHandler);
 
 // CUDA devices this process can use; -1 (and `error`) when CUDA cannot start

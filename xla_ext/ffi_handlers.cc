@@ -1,5 +1,6 @@
 #include "ffi_handlers.h"
 
+#include <climits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -7,6 +8,7 @@
 #include <string_view>
 #include <utility>
 
+#include "collectives/collective.h"
 #include "runtime.h"
 
 namespace ffi = xla::ffi;
@@ -72,26 +74,12 @@ ffi::Future Submit(const CollectiveCall& call, const CallSite& site, ffi::Remain
   return future;
 }
 
-// The kinds whose handlers differ only in their Kind: the reductions (op and
-// scales) and those that move data unreduced (allgather, alltoall).
+// The execute stage of every kind's target.
 template <Kind kKind>
-ffi::Future ReductionImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                          std::string_view, int64_t, int64_t world_size, int64_t set, int64_t op,
-                          double prescale, double postscale) {
-  return Submit({kKind, world_size, int32_t(set), static_cast<ReduceOp>(op), prescale, postscale, 0},
-                *site, args, rets);
-}
-
-template <Kind kKind>
-ffi::Future MovementImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                         std::string_view, int64_t, int64_t world_size, int64_t set) {
-  return Submit({kKind, world_size, int32_t(set)}, *site, args, rets);
-}
-
-ffi::Future BroadcastImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                          std::string_view, int64_t, int64_t world_size, int64_t set, int64_t root) {
-  return Submit({Kind::kBroadcast, world_size, int32_t(set), ReduceOp::kSum, 1.0, 1.0, static_cast<int32_t>(root)},
-                *site, args, rets);
+ffi::Future CollectiveImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                           std::string_view, int64_t, int64_t world_size, int64_t set, int64_t op,
+                           double prescale, double postscale, int64_t root) {
+  return Submit({kKind, world_size, set, op, prescale, postscale, root}, *site, args, rets);
 }
 
 ffi::Error RankImpl(ffi::Result<ffi::Buffer<ffi::S32>> out, int64_t process_set) {
@@ -116,21 +104,26 @@ PreparedRequest PrepareRequest(const CollectiveCall& call, const CallSite& site,
                                ffi::RemainingArgs args, ffi::RemainingRets rets) {
   Submission s;
   s.name = site.name;
-  s.process_set = call.process_set;
   s.world_size = call.world_size;
   s.sig.kind = call.kind;
-  s.sig.op = call.op;
+  s.sig.op = static_cast<ReduceOp>(call.op);
   s.sig.prescale = call.prescale;
   s.sig.postscale = call.postscale;
-  s.sig.root = call.root;
+  s.sig.root = static_cast<int32_t>(call.root);
   s.sig.device = device;
   // XLA's result buffers are sized for equal shapes (blocks) on every rank.
-  s.sig.static_shapes = call.kind == Kind::kAllgather || call.kind == Kind::kAlltoall;
+  s.sig.static_shapes = CollectiveOf(call.kind).AgreedSizes();
+  s.process_set = static_cast<int32_t>(call.process_set);
   auto fail = [&](std::string message) {
     PreparedRequest p;
     p.status = Status::Error(ErrorKind::kInvalidArgument, std::move(message));
     return p;
   };
+  if (call.op < 0 || call.op >= kNumReduceOps)
+    return fail("jaxcache: '" + s.name + "' was lowered with reduce op code " + std::to_string(call.op) +
+                ", which names no ReduceOp");
+  if (call.root < INT32_MIN || call.root > INT32_MAX)
+    return fail("jaxcache: '" + s.name + "' was lowered with root " + std::to_string(call.root));
   if (args.size() != rets.size())
     return fail("jaxcache: operand/result count mismatch in '" + s.name + "'");
   for (std::size_t i = 0; i < args.size(); ++i) {
@@ -177,26 +170,14 @@ void* CpuCallSiteTypeInfo() { return &cpu_call_site_type_info; }
 
 #define JAXCACHE_CPU_BIND ffi::Ffi::Bind().Ctx<ffi::State<CpuCallSite>>().RemainingArgs().RemainingRets()
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AllreduceInstantiate, InstantiateReduce<CpuCallSite>,
-                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_REDUCE_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AllreduceHandler, ReductionImpl<Kind::kAllreduce>,
-                              JAXCACHE_CPU_BIND JAXCACHE_FFI_REDUCE_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BroadcastInstantiate, InstantiateBroadcast<CpuCallSite>,
-                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_BROADCAST_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(BroadcastHandler, BroadcastImpl,
-                              JAXCACHE_CPU_BIND JAXCACHE_FFI_BROADCAST_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherInstantiate, InstantiateGather<CpuCallSite>,
-                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_COMMON_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AllgatherHandler, MovementImpl<Kind::kAllgather>,
-                              JAXCACHE_CPU_BIND JAXCACHE_FFI_COMMON_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ReducescatterInstantiate, InstantiateReduce<CpuCallSite>,
-                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_REDUCE_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ReducescatterHandler, ReductionImpl<Kind::kReducescatter>,
-                              JAXCACHE_CPU_BIND JAXCACHE_FFI_REDUCE_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AlltoallInstantiate, InstantiateGather<CpuCallSite>,
-                              ffi::Ffi::BindInstantiate() JAXCACHE_FFI_COMMON_ATTRS);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AlltoallHandler, MovementImpl<Kind::kAlltoall>,
-                              JAXCACHE_CPU_BIND JAXCACHE_FFI_COMMON_ATTRS);
+#define JAXCACHE_DEFINE_TARGET(E, name, target)                                                     \
+  JAXCACHE_IF_XLA(target,                                                                           \
+                  XLA_FFI_DEFINE_HANDLER_SYMBOL(E##Instantiate, Instantiate<CpuCallSite>,            \
+                                                ffi::Ffi::BindInstantiate() JAXCACHE_FFI_ATTRS);     \
+                  XLA_FFI_DEFINE_HANDLER_SYMBOL(E##Handler, CollectiveImpl<Kind::k##E>,              \
+                                                JAXCACHE_CPU_BIND JAXCACHE_FFI_ATTRS);)
+JAXCACHE_KINDS(JAXCACHE_DEFINE_TARGET)
+#undef JAXCACHE_DEFINE_TARGET
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RankHandler, RankImpl,
                               ffi::Ffi::Bind().Ret<ffi::Buffer<ffi::S32>>().Attr<int64_t>("process_set"));

@@ -44,39 +44,24 @@ void* CpuCallSiteTypeInfo();
 std::string InstanceName(std::string_view name, int64_t program);
 
 // The instantiate stage of every target, for the state type `Site` (the
-// attributes are bound at both stages, so each kind has its signature).
+// attributes are bound at both stages: JAXCACHE_FFI_ATTRS).
 template <typename Site>
-xla::ffi::ErrorOr<std::unique_ptr<Site>> NewCallSite(std::string_view name, int64_t program) {
+xla::ffi::ErrorOr<std::unique_ptr<Site>> Instantiate(std::string_view name, int64_t program, int64_t,
+                                                     int64_t, int64_t, double, double, int64_t) {
   auto site = std::make_unique<Site>();
   site->name = InstanceName(name, program);
   return site;
-}
-template <typename Site>
-xla::ffi::ErrorOr<std::unique_ptr<Site>> InstantiateReduce(std::string_view name, int64_t program,
-                                                           int64_t, int64_t, int64_t, double, double) {
-  return NewCallSite<Site>(name, program);
-}
-template <typename Site>
-xla::ffi::ErrorOr<std::unique_ptr<Site>> InstantiateBroadcast(std::string_view name,
-                                                              int64_t program, int64_t, int64_t,
-                                                              int64_t) {
-  return NewCallSite<Site>(name, program);
-}
-template <typename Site>
-xla::ffi::ErrorOr<std::unique_ptr<Site>> InstantiateGather(std::string_view name, int64_t program,
-                                                           int64_t, int64_t) {
-  return NewCallSite<Site>(name, program);
 }
 
 // What one custom call of a collective asks for, from its attributes.
 struct CollectiveCall {
   Kind kind = Kind::kAllreduce;
   int64_t world_size = 0;  // the size of the set the program was traced for
-  int32_t process_set = 0;
-  ReduceOp op = ReduceOp::kSum;
+  int64_t process_set = 0;
+  int64_t op = 0;  // a ReduceOp code, checked by PrepareRequest
   double prescale = 1.0;
   double postscale = 1.0;
-  int32_t root = 0;
+  int64_t root = 0;
 };
 
 // One execution checked against the running runtime (MakeRequest): its
@@ -93,27 +78,25 @@ xla::ffi::Error ToFfiError(const Status& status, xla::ffi::ErrorCode code);
 // running or this rank is not a member.
 xla::ffi::ErrorOr<int32_t> RunningRank(int64_t process_set);
 
-// Every attribute is bound at both stages and on every platform (XLA checks
-// the count).
-#define JAXCACHE_FFI_COMMON_ATTRS \
-  .Attr<std::string_view>("name")              \
-      .Attr<int64_t>("program")                 \
-      .Attr<int64_t>("world_size")              \
-      .Attr<int64_t>("process_set")
-#define JAXCACHE_FFI_REDUCE_ATTRS \
-  JAXCACHE_FFI_COMMON_ATTRS.Attr<int64_t>("op").Attr<double>("prescale").Attr<double>("postscale")
-#define JAXCACHE_FFI_BROADCAST_ATTRS JAXCACHE_FFI_COMMON_ATTRS.Attr<int64_t>("root")
+// The attributes of every target, bound at both stages and on every platform
+// (XLA checks the count); a kind ignores those it has no use for
+// (jaxcache/ops/lowering.py passes them all).
+#define JAXCACHE_FFI_ATTRS                  \
+  .Attr<std::string_view>("name")           \
+      .Attr<int64_t>("program")             \
+      .Attr<int64_t>("world_size")          \
+      .Attr<int64_t>("process_set")         \
+      .Attr<int64_t>("op")                  \
+      .Attr<double>("prescale")             \
+      .Attr<double>("postscale")            \
+      .Attr<int64_t>("root")
 
-XLA_FFI_DECLARE_HANDLER_SYMBOL(AllreduceInstantiate);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(AllreduceHandler);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(BroadcastInstantiate);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(BroadcastHandler);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(AllgatherInstantiate);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(AllgatherHandler);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(ReducescatterInstantiate);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(ReducescatterHandler);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(AlltoallInstantiate);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(AlltoallHandler);
+// One instantiate stage and one handler per kind with an XLA target
+// (collectives/kinds.h): <Kind>Instantiate, <Kind>Handler.
+#define JAXCACHE_DECLARE_TARGET(E, name, target) \
+  JAXCACHE_IF_XLA(target, XLA_FFI_DECLARE_HANDLER_SYMBOL(E##Instantiate); XLA_FFI_DECLARE_HANDLER_SYMBOL(E##Handler);)
+JAXCACHE_KINDS(JAXCACHE_DECLARE_TARGET)
+#undef JAXCACHE_DECLARE_TARGET
 // Synchronous: this process's rank in a process set, read when the program runs.
 XLA_FFI_DECLARE_HANDLER_SYMBOL(RankHandler);
 

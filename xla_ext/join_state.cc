@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "reduce_ops.h"
+#include "collectives/collective.h"
 
 namespace jaxcache {
 
@@ -46,37 +46,14 @@ void JoinState::Reset() {
 
 Status JoinState::Conflict(const std::string& name, const Signature& sig,
                            const Agreement* agreement) const {
-  auto error = [&](const std::string& why) {
-    return Status::Error(ErrorKind::kInvalidArgument,
-                         "jaxcache: " + std::string(KindName(sig.kind)) + " '" + name + "' " + why);
-  };
-  std::string ranks;
+  std::vector<int> ranks;
   for (int r = 0; r < size_; ++r)
-    if (joined_[r]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-  const std::string who = (count_ == 1 ? "rank " : "ranks ") + ranks + (count_ == 1 ? " has" : " have");
-  switch (sig.kind) {
-    case Kind::kBroadcast:
-      if (joined_[sig.root])
-        return error("cannot run: its root, rank " + std::to_string(sig.root) +
-                     ", has joined (called join()) and has no data to send");
-      return Status::Ok();
-    case Kind::kAlltoall:
-      return error("cannot run while " + who + " joined: the rows sent to a joined rank would be lost");
-    case Kind::kAllgather:
-      if (agreement && agreement->static_shapes)
-        return error("cannot run while " + who +
-                     " joined: its result is sized for every rank's rows (under jit, or with "
-                     "preallocated outputs) but joined ranks contribute none; gather eagerly");
-      return Status::Ok();
-    // A joined rank contributes the identity (allreduce, reducescatter) or
-    // nothing to wait for (barrier, join).
-    case Kind::kAllreduce:
-    case Kind::kReducescatter:
-    case Kind::kBarrier:
-    case Kind::kJoin:
-      return Status::Ok();
-  }
-  return Status::Ok();
+    if (joined_[r]) ranks.push_back(r);
+  const std::string who = RankList(ranks) + (count_ == 1 ? " has" : " have");
+  const std::string why = CollectiveOf(sig.kind).JoinConflict(sig, agreement, joined_, who);
+  if (why.empty()) return Status::Ok();
+  return Status::Error(ErrorKind::kInvalidArgument,
+                       "jaxcache: " + std::string(KindName(sig.kind)) + " '" + name + "' " + why);
 }
 
 std::shared_ptr<const Agreement> JoinState::WithoutJoined(
@@ -92,45 +69,11 @@ std::shared_ptr<const Agreement> JoinState::WithoutJoined(
 Request* JoinState::StandIn(const std::string& name, const Signature& sig) {
   StandInRequest s;
   s.request = std::make_unique<Request>();
-  Request& req = *s.request;
-  req.name = name;
-  req.sig = sig;
-  for (const TensorSpec& t : sig.tensors) {
-    const std::size_t bytes = t.NumBytes();
-    switch (sig.kind) {
-      case Kind::kAllreduce:
-      case Kind::kBroadcast: {  // in place: the identity in, scratch out
-        s.buffers.push_back(OutputStore::Allocate(bytes, t.shape));
-        char* p = s.buffers.back().data.get();
-        if (sig.kind == Kind::kAllreduce) FillIdentity(p, t.NumElements(), t.dtype, sig.op);
-        req.inputs.push_back(p);
-        req.outputs.push_back(p);
-        break;
-      }
-      case Kind::kReducescatter: {
-        s.buffers.push_back(OutputStore::Allocate(bytes, t.shape));
-        char* in = s.buffers.back().data.get();
-        FillIdentity(in, t.NumElements(), t.dtype, sig.op);
-        s.buffers.push_back(
-            OutputStore::Allocate(ScatterRows(t.Rows(), size_, rank_) * t.RowBytes(), {}));
-        req.inputs.push_back(in);
-        req.outputs.push_back(s.buffers.back().data.get());
-        break;
-      }
-      case Kind::kAllgather:  // no rows in, the executor allocates the output
-        req.inputs.push_back(nullptr);
-        req.outputs.push_back(nullptr);
-        break;
-      // Refused while ranks have joined (CheckJoined), or tensorless.
-      case Kind::kAlltoall:
-      case Kind::kBarrier:
-      case Kind::kJoin:
-        req.inputs.push_back(nullptr);
-        req.outputs.push_back(nullptr);
-        break;
-    }
-  }
-  if (sig.kind == Kind::kAllgather) req.store = std::make_shared<OutputStore>();
+  s.request->name = name;
+  s.request->sig = sig;
+  const Collective& collective = CollectiveOf(sig.kind);
+  for (const TensorSpec& t : sig.tensors) collective.StandInTensor(sig, t, rank_, size_, s);
+  if (collective.AgreedSizes()) s.request->store = std::make_shared<OutputStore>();
   Request* raw = s.request.get();
   stand_ins_.push_back(std::move(s));
   return raw;

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/collective.h"
 #include "request.h"
 
 namespace jaxcache {
@@ -69,10 +70,6 @@ class JoinState {
   void Reset();
 
  private:
-  struct StandInRequest {
-    RequestPtr request;
-    std::vector<OutputStore::Buffer> buffers;
-  };
   int rank_, size_;
   Request* request_ = nullptr;
   std::vector<bool> joined_, previous_;

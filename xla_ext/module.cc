@@ -19,6 +19,7 @@
 #include <stdexcept>
 
 #include "allocator.h"
+#include "collectives/collective.h"
 #include "comm.h"
 #include "ffi_handlers.h"
 #include "protocol_bindings.h"
@@ -240,7 +241,7 @@ std::shared_ptr<Handle> SubmitArrays(int kind, const std::string& name,
   s.sig.postscale = postscale;
   s.sig.root = root;
   // Caller-sized outputs: the ranks must agree on equal shapes (blocks).
-  s.sig.static_shapes = s.sig.kind == Kind::kAllgather || s.sig.kind == Kind::kAlltoall;
+  s.sig.static_shapes = CollectiveOf(s.sig.kind).AgreedSizes();
   for (auto& o : outputs) {
     s.outputs.push_back(o.data());
     s.output_bytes.push_back(o.size() * o.itemsize());
@@ -276,21 +277,19 @@ NB_MODULE(_jaxcache_ext, m) {
       return d;
     };
     nb::dict cpu;
-    cpu["jaxcache_allreduce"] = stages(AllreduceInstantiate, AllreduceHandler);
-    cpu["jaxcache_broadcast"] = stages(BroadcastInstantiate, BroadcastHandler);
-    cpu["jaxcache_allgather"] = stages(AllgatherInstantiate, AllgatherHandler);
-    cpu["jaxcache_reducescatter"] = stages(ReducescatterInstantiate, ReducescatterHandler);
-    cpu["jaxcache_alltoall"] = stages(AlltoallInstantiate, AlltoallHandler);
+#define JAXCACHE_REGISTER_CPU(E, name, target) \
+  JAXCACHE_IF_XLA(target, cpu["jaxcache_" name] = stages(E##Instantiate, E##Handler);)
+    JAXCACHE_KINDS(JAXCACHE_REGISTER_CPU)
+#undef JAXCACHE_REGISTER_CPU
     cpu["jaxcache_rank"] = Capsule(RankHandler);
     nb::dict d;
     d["cpu"] = cpu;
 #ifdef JAXCACHE_WITH_CUDA
     nb::dict cuda;
-    cuda["jaxcache_allreduce"] = stages(AllreduceCudaInstantiate, AllreduceCudaHandler);
-    cuda["jaxcache_broadcast"] = stages(BroadcastCudaInstantiate, BroadcastCudaHandler);
-    cuda["jaxcache_allgather"] = stages(AllgatherCudaInstantiate, AllgatherCudaHandler);
-    cuda["jaxcache_reducescatter"] = stages(ReducescatterCudaInstantiate, ReducescatterCudaHandler);
-    cuda["jaxcache_alltoall"] = stages(AlltoallCudaInstantiate, AlltoallCudaHandler);
+#define JAXCACHE_REGISTER_CUDA(E, name, target) \
+  JAXCACHE_IF_XLA(target, cuda["jaxcache_" name] = stages(E##CudaInstantiate, E##CudaHandler);)
+    JAXCACHE_KINDS(JAXCACHE_REGISTER_CUDA)
+#undef JAXCACHE_REGISTER_CUDA
     cuda["jaxcache_rank"] = Capsule(RankCudaHandler);
     d["CUDA"] = cuda;
 #endif

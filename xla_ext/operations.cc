@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "collectives/collective.h"
 #include "reduce_ops.h"
 
 namespace jaxcache {
@@ -22,26 +23,7 @@ using FusionKey = std::tuple<DType, ReduceOp, double, double>;
 // constants").
 constexpr int64_t kInPlaceDirectBytes = 512 << 10;
 
-// Reducescatters run as pairwise exchanges (PairwiseReducescatter) on up to
-// this many ranks at any size, and on more from this many bytes (MPICH's own
-// crossover to pairwise exchange); faster than MPI_Ireduce_scatter_block at
-// every size measured (benchmarks/README.md, "The runtime's constants").
-constexpr int kPairwiseReducescatterRanks = 4;
-constexpr int64_t kPairwiseReducescatterBytes = 512 << 10;
-
-// The timeline phase of a kind's MPI work; null when it needs none.
-const char* MpiPhase(Kind kind) {
-  switch (kind) {
-    case Kind::kBroadcast: return "MPI_BCAST";
-    case Kind::kAllgather: return "MPI_ALLGATHER";
-    case Kind::kReducescatter: return "MPI_REDUCESCATTER";
-    case Kind::kAlltoall: return "MPI_ALLTOALL";
-    case Kind::kAllreduce: return "MPI_ALLREDUCE";
-    // The negotiation was the synchronization.
-    case Kind::kBarrier: case Kind::kJoin: return nullptr;
-  }
-  return nullptr;
-}
+}  // namespace
 
 // Result buffers fresh from XLA's allocator are first touched by the copy into
 // them or by MPI. Faulted in 4 KiB pages they cost more than the collective
@@ -66,7 +48,6 @@ void CopyScaled(const void* in, void* out, int64_t count, DType dtype, double fa
     Scale(in, out, count, dtype, factor);
   }
 }
-}  // namespace
 
 void Operations::Dequeue(Job& t) {
   if (!timeline_.enabled() || !t.queued) return;
@@ -120,30 +101,22 @@ Task<std::string> Operations::Execute(const std::vector<Request*>& work, Complet
   std::vector<Job> jobs;
   jobs.reserve(work.size());
   for (Request* r : work) jobs.push_back({r});
-  std::vector<std::size_t> allreduces, others;
+  std::vector<std::size_t> fused, others;
   for (std::size_t i = 0; i < jobs.size(); ++i)
-    (jobs[i].request->sig.kind == Kind::kAllreduce ? allreduces : others).push_back(i);
-  if (!allreduces.empty()) co_await Allreduce(jobs, allreduces);
+    (CollectiveOf(jobs[i].request->sig.kind).Fused() ? fused : others).push_back(i);
+  if (!fused.empty()) co_await Allreduce(jobs, fused);
   for (std::size_t i : others) {
     Job& t = jobs[i];
-    const Signature& sig = t.request->sig;
+    Request& r = *t.request;
+    const Collective& collective = CollectiveOf(r.sig.kind);
     Dequeue(t);
     // A barrier's or a join's negotiation was the synchronization: no MPI call.
-    if (const char* phase = MpiPhase(sig.kind)) {
-      timeline_.Begin(t.request->name, phase);
-      for (std::size_t k = 0; k < sig.tensors.size(); ++k)
-        co_await Step(jobs, std::vector<std::size_t>(1, i), [&, k]() -> Task<> {
-          switch (sig.kind) {
-            case Kind::kBroadcast: return BroadcastTensor(t, k);
-            case Kind::kAllgather: return AllgatherTensor(t, k);
-            case Kind::kReducescatter: return ReducescatterTensor(t, k);
-            case Kind::kAlltoall: return AlltoallTensor(t, k);
-            // Allreduces ran above; barriers and joins have no MPI phase.
-            case Kind::kAllreduce: case Kind::kBarrier: case Kind::kJoin: break;
-          }
-          throw std::logic_error(std::string("jaxcache: no MPI step for a ") + KindName(sig.kind));
-        });
-      timeline_.End(t.request->name, phase);
+    if (const char* phase = collective.MpiPhase()) {
+      timeline_.Begin(r.name, phase);
+      for (std::size_t k = 0; k < r.sig.tensors.size(); ++k)
+        co_await Step(jobs, std::vector<std::size_t>(1, i),
+                      [&, k]() { return collective.Execute(*this, r, k); });
+      timeline_.End(r.name, phase);
     }
     t.remaining = 1;
     Done(t);
@@ -278,39 +251,10 @@ Task<> Operations::FusedAllreduce(std::vector<Job>& jobs, const std::vector<Item
 
 Task<> Operations::DirectAllreduce(Job& job, const Item& item) {
   Request& r = *job.request;
-  const Signature& sig = r.sig;
-  DType dtype = sig.tensors[item.tensor].dtype;
-  void* out = r.outputs[item.tensor];
   Dequeue(job);
   timeline_.Begin(r.name, "MPI_ALLREDUCE");
-  // In-place MPI is markedly faster than separate buffers (MPICH copies the
-  // send buffer itself), and the copy into the output absorbs the prescale.
-  // Chunk by chunk: each is copied, reduced and postscaled while in cache.
-  const void* in = r.inputs[item.tensor];
-  if (in != out) AdviseHugePages(out, item.bytes);
-  const std::size_t esize = ElementSize(dtype);
-  const int64_t step = comm_.ChunkCount(esize);
-  const double prescale = Prescale(r);
-  ++stats_.mpi_calls;
-  for (int64_t off = 0; off < item.count; off += step) {
-    const int64_t n = std::min(step, item.count - off);
-    char* o = static_cast<char*>(out) + off * esize;
-    CopyScaled(static_cast<const char*>(in) + off * esize, o, n, dtype, prescale);
-    co_await comm_.AllreduceData(o, o, n, dtype, sig.op);
-    if (sig.postscale != 1.0) Scale(o, o, n, dtype, sig.postscale);
-  }
+  co_await CollectiveOf(r.sig.kind).Execute(*this, r, item.tensor);
   timeline_.End(r.name, "MPI_ALLREDUCE");
-}
-
-Task<> Operations::BroadcastTensor(Job& job, std::size_t t) {
-  Request& r = *job.request;
-  const Signature& sig = r.sig;
-  std::size_t bytes = sig.tensors[t].NumBytes();
-  if (bytes == 0) co_return;
-  if (comm_.rank() == sig.root && r.inputs[t] != r.outputs[t])
-    std::memcpy(r.outputs[t], r.inputs[t], bytes);
-  ++stats_.mpi_calls;
-  co_await comm_.BroadcastData(r.outputs[t], static_cast<int64_t>(bytes), sig.root);
 }
 
 double Operations::Prescale(const Request& r) const {
@@ -329,145 +273,15 @@ char* Operations::Output(Request& r, std::size_t t, std::size_t bytes, std::vect
   return buffers[t].data.get();
 }
 
-namespace {
-// `rows` rows of a tensor shaped like `spec` (a scalar's rows form a vector).
+char* Operations::Scratch(std::size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  return scratch_.data();
+}
+
 std::vector<int64_t> WithRows(const TensorSpec& spec, int64_t rows) {
   std::vector<int64_t> shape{rows};
   if (!spec.shape.empty()) shape.insert(shape.end(), spec.shape.begin() + 1, spec.shape.end());
   return shape;
-}
-}  // namespace
-
-Task<> Operations::AllgatherTensor(Job& job, std::size_t t) {
-  Request& r = *job.request;
-  const TensorSpec& spec = r.sig.tensors[t];
-  const int size = comm_.size();
-  const int64_t row = static_cast<int64_t>(spec.RowBytes());
-  // Bytes from each rank: as agreed (joined ranks: none), else equal shapes.
-  std::vector<int64_t> rows(size, spec.Rows());
-  const Agreement* agreed = r.agreement.get();
-  if (agreed && agreed->rows.size() >= (t + 1) * size)
-    for (int q = 0; q < size; ++q) rows[q] = agreed->rows[t * size + q];
-  std::vector<int64_t> bytes(size);
-  int64_t total = 0, total_rows = 0;
-  bool equal = true;
-  for (int q = 0; q < size; ++q) {
-    bytes[q] = rows[q] * row;
-    total += bytes[q];
-    total_rows += rows[q];
-    equal &= rows[q] == rows[0];
-  }
-  char* out = Output(r, t, total, WithRows(spec, total_rows));
-  if (r.store && agreed) r.store->rows = agreed->rows;
-  if (r.store) r.store->contributors = Contributors(r);
-  if (total == 0) co_return;
-  ++stats_.mpi_calls;
-  if (equal) co_await comm_.AllgatherData(r.inputs[t], out, bytes[0]);
-  else co_await comm_.AllgathervData(r.inputs[t], out, bytes);
-}
-
-Task<> Operations::ReducescatterTensor(Job& job, std::size_t t) {
-  Request& r = *job.request;
-  const Signature& sig = r.sig;
-  const TensorSpec& spec = sig.tensors[t];
-  const int size = comm_.size();
-  const int64_t row = static_cast<int64_t>(spec.RowBytes() / ElementSize(spec.dtype));
-  std::vector<int64_t> counts(size);
-  for (int q = 0; q < size; ++q) counts[q] = ScatterRows(spec.Rows(), size, q) * row;
-  const int64_t count = spec.NumElements();
-  if (count == 0) co_return;
-  stats_.bytes_reduced += spec.NumBytes();
-  void* out = r.outputs[t];
-  const std::size_t esize = ElementSize(spec.dtype);
-  AdviseHugePages(out, counts[comm_.rank()] * esize);
-  const double post = sig.op == ReduceOp::kAverage ? sig.postscale / Contributors(r) : sig.postscale;
-  if (size > 1 && (size <= kPairwiseReducescatterRanks ||
-                   static_cast<int64_t>(spec.NumBytes()) >= kPairwiseReducescatterBytes)) {
-    co_await PairwiseReducescatter(r.inputs[t], out, counts, spec.dtype, sig.op, sig.prescale, post);
-    co_return;
-  }
-  // The input is not copied unless a prescale asks for it; an average's
-  // division is applied to the (smaller) result instead.
-  const void* in = r.inputs[t];
-  if (sig.prescale != 1.0) {
-    if (scratch_.size() < spec.NumBytes()) scratch_.resize(spec.NumBytes());
-    Scale(in, scratch_.data(), count, spec.dtype, sig.prescale);
-    in = scratch_.data();
-  }
-  ++stats_.mpi_calls;
-  co_await comm_.ReducescatterData(in, out, counts, spec.dtype, sig.op);
-  if (post != 1.0) Scale(out, out, counts[comm_.rank()], spec.dtype, post);
-}
-
-Task<> Operations::PairwiseReducescatter(const void* in, void* out, const std::vector<int64_t>& counts,
-                                         DType dtype, ReduceOp op, double prescale, double postscale) {
-  const int size = comm_.size(), me = comm_.rank();
-  const std::size_t esize = ElementSize(dtype);
-  // Pieces of JAXCACHE_CHUNK_BYTES: 1 and 16 MiB pieces were slower than 4 MiB
-  // at 16-100 MB (2 ranks), one piece per block 1.2x slower at 100 MB.
-  const int64_t longest = *std::max_element(counts.begin(), counts.end());
-  const int64_t per = std::max<int64_t>(1, std::min(comm_.ChunkCount(esize), longest));
-  const bool scaled = prescale != 1.0;
-  if (size > 2 || scaled) {
-    const std::size_t need = static_cast<std::size_t>(per) * esize * (scaled ? 2 : 1);
-    if (scratch_.size() < need) scratch_.resize(need);
-  }
-  std::vector<int64_t> displ(size, 0);
-  for (int q = 1; q < size; ++q) displ[q] = displ[q - 1] + counts[q - 1];
-  const char* src = static_cast<const char*>(in);
-  char* dst = static_cast<char*>(out);
-  op = Reduction(op);
-  ++stats_.mpi_calls;  // counted per tensor, as the other chunked calls are
-  // Piece by piece so that what arrives is reduced while it is in cache. Every
-  // rank runs the same pieces and steps in the same order; step k sends to
-  // rank me + k the piece of its block and receives from rank me - k the piece
-  // of ours.
-  for (int64_t off = 0; off < longest; off += per) {
-    const int64_t n = std::clamp<int64_t>(counts[me] - off, 0, per);
-    char* acc = dst + off * esize;
-    for (int k = 1; k < size; ++k) {
-      const int to = (me + k) % size, from = (me - k + size) % size;
-      const int64_t sn = std::clamp<int64_t>(counts[to] - off, 0, per);
-      char* landing = k == 1 ? acc : scratch_.data();
-      co_await comm_.Exchange(src + (displ[to] + off) * esize, sn, to, landing, n, from, dtype,
-                              "a reducescatter");
-      if (scaled) Scale(landing, landing, n, dtype, prescale);
-      if (k > 1) ReduceLocal(dtype, op, landing, acc, n);
-    }
-    const char* own = src + (displ[me] + off) * esize;
-    if (scaled) {
-      char* own_scaled = scratch_.data() + per * esize;
-      Scale(own, own_scaled, n, dtype, prescale);
-      ReduceLocal(dtype, op, own_scaled, acc, n);
-    } else {
-      ReduceLocal(dtype, op, own, acc, n);
-    }
-    if (postscale != 1.0) Scale(acc, acc, n, dtype, postscale);  // while the piece is in cache
-  }
-}
-
-Task<> Operations::AlltoallTensor(Job& job, std::size_t t) {
-  Request& r = *job.request;
-  const TensorSpec& spec = r.sig.tensors[t];
-  const int size = comm_.size(), me = comm_.rank();
-  const int64_t row = static_cast<int64_t>(spec.RowBytes());
-  // rows[s * size + d]: rows rank s sends to rank d (rank 0 checked them).
-  std::vector<int64_t> rows(static_cast<std::size_t>(size) * size, spec.Rows() / size);
-  if (r.agreement && r.agreement->rows.size() == rows.size()) rows = r.agreement->rows;
-  std::vector<int64_t> send(size), recv(size), received(size);
-  int64_t total = 0, largest = 0;
-  for (int q = 0; q < size; ++q) {
-    send[q] = rows[static_cast<std::size_t>(me) * size + q] * row;
-    received[q] = rows[static_cast<std::size_t>(q) * size + me];
-    recv[q] = received[q] * row;
-    total += received[q];
-  }
-  for (int64_t n : rows) largest = std::max(largest, n * row);
-  char* out = Output(r, t, total * row, WithRows(spec, total));
-  if (r.store) r.store->rows = received;
-  if (largest == 0) co_return;
-  ++stats_.mpi_calls;
-  co_await comm_.AlltoallData(r.inputs[t], send, out, recv, largest);
 }
 
 }  // namespace jaxcache

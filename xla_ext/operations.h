@@ -1,6 +1,6 @@
-// Executes the decided work of one cycle: allreduce through the fusion
-// buffer (small tensors) or in place (large ones), broadcast, allgather,
-// reducescatter, alltoall, barrier and join. Every rank executes the same
+// Executes the decided work of one cycle: allreduces together, through the
+// fusion buffer (small tensors) or in place (large ones); every other request
+// tensor by tensor, by its collective's Execute (collectives/). Every rank executes the same
 // list, so every rank issues the same MPI calls in the same order -- also
 // after a call failed on this rank: the peers make the remaining calls too, so
 // this rank makes them as well and fails only the requests the failed call
@@ -31,6 +31,19 @@ class Operations {
   // description of this rank's first failure, or "" when all went well.
   Task<std::string> Execute(const std::vector<Request*>& work, Complete complete);
 
+  // --- for the collectives' Execute (collectives/*.cc) ---
+  Comm& comm() { return comm_; }
+  Stats& stats() { return stats_; }
+  // The ranks whose data counts (those that have not joined).
+  int Contributors(const Request& r) const { return r.contributors ? r.contributors : comm_.size(); }
+  // The prescale with the 1/contributors of an average folded in.
+  double Prescale(const Request& r) const;
+  // Where tensor `t`'s result goes: the caller's buffer, or one the executor
+  // allocates now that the ranks have agreed on its size.
+  char* Output(Request& r, std::size_t t, std::size_t bytes, std::vector<int64_t> shape);
+  // At least `bytes` of scratch memory, kept between cycles (contents not).
+  char* Scratch(std::size_t bytes);
+
  private:
   struct Job {  // one request of the cycle
     Request* request;
@@ -47,22 +60,6 @@ class Operations {
   Task<> Allreduce(std::vector<Job>& jobs, const std::vector<std::size_t>& which);
   Task<> FusedAllreduce(std::vector<Job>& jobs, const std::vector<Item>& items);
   Task<> DirectAllreduce(Job& job, const Item& item);
-  Task<> BroadcastTensor(Job& job, std::size_t tensor);
-  Task<> AllgatherTensor(Job& job, std::size_t tensor);
-  Task<> ReducescatterTensor(Job& job, std::size_t tensor);
-  // A reducescatter as P-1 pairwise exchanges, piece by piece, received into
-  // the result and reduced (and postscaled) there: no packing copy, no MPI
-  // temporary, no extra pass over the result.
-  Task<> PairwiseReducescatter(const void* in, void* out, const std::vector<int64_t>& counts,
-                               DType dtype, ReduceOp op, double prescale, double postscale);
-  Task<> AlltoallTensor(Job& job, std::size_t tensor);
-  // The ranks whose data counts (those that have not joined).
-  int Contributors(const Request& r) const { return r.contributors ? r.contributors : comm_.size(); }
-  // The prescale with the 1/contributors of an average folded in.
-  double Prescale(const Request& r) const;
-  // Where tensor `t`'s result goes: the caller's buffer, or one the executor
-  // allocates now that the ranks have agreed on its size.
-  char* Output(Request& r, std::size_t t, std::size_t bytes, std::vector<int64_t> shape);
   // Runs one MPI step for the `touched` jobs; a failure (or an injected fault)
   // fails them.
   Task<> Step(std::vector<Job>& jobs, std::vector<std::size_t> touched, std::function<Task<>()> step);
@@ -78,7 +75,16 @@ class Operations {
   Complete complete_;
   std::string first_failure_;
   std::vector<char> fusion_buffer_;
-  std::vector<char> scratch_;  // reducescatter's prescaled input or received pieces
+  std::vector<char> scratch_;
 };
+
+// Copies `count` elements from `in` to `out` multiplied by `factor` (a plain
+// copy, none when in == out, for 1).
+void CopyScaled(const void* in, void* out, int64_t count, DType dtype, double factor);
+// Asks for transparent huge pages for the whole 2 MiB pages of a large result
+// buffer before its first touch (see operations.cc).
+void AdviseHugePages(void* p, std::size_t bytes);
+// The shape of `rows` rows of a tensor shaped like `spec` (a scalar's rows form a vector).
+std::vector<int64_t> WithRows(const TensorSpec& spec, int64_t rows);
 
 }  // namespace jaxcache

@@ -1,5 +1,6 @@
 #include "submission.h"
 
+#include "collectives/collective.h"
 #include "runtime.h"
 
 namespace jaxcache {
@@ -18,15 +19,6 @@ std::string WrongWorld(const std::string& name, int64_t prepared, int size, int3
          " ranks but " + where + std::to_string(size) +
          " (jaxcache.init() or add_process_set() was called again since); trace the function "
          "again, e.g. after jax.clear_caches()";
-}
-
-bool CanAllocateOutputs(Kind kind) {
-  switch (kind) {
-    case Kind::kAllgather: case Kind::kAlltoall: return true;
-    case Kind::kAllreduce: case Kind::kBroadcast: case Kind::kReducescatter:
-    case Kind::kBarrier: case Kind::kJoin: return false;
-  }
-  return false;
 }
 
 }  // namespace
@@ -51,11 +43,12 @@ PreparedRequest MakeRequest(Submission s) {
   if (s.world_size >= 0 && s.world_size != comm.size())
     return Failure(ErrorKind::kInvalidArgument, WrongWorld(name, s.world_size, comm.size(), s.process_set));
   const std::size_t n = s.sig.tensors.size();
+  const Collective& collective = CollectiveOf(s.sig.kind);
   if (s.inputs.size() != n)
     return Failure(ErrorKind::kInvalidArgument, "jaxcache: '" + name + "' has " + std::to_string(n) +
                                                     " tensors but " + std::to_string(s.inputs.size()) + " inputs");
   if (s.allocate_outputs) {
-    if (!CanAllocateOutputs(s.sig.kind))
+    if (!collective.AgreedSizes())
       return Failure(ErrorKind::kInvalidArgument,
                      std::string("jaxcache: a ") + KindName(s.sig.kind) + " cannot allocate its outputs");
     if (!s.outputs.empty())
@@ -64,7 +57,7 @@ PreparedRequest MakeRequest(Submission s) {
     if (s.outputs.size() != n || s.output_bytes.size() != n)
       return Failure(ErrorKind::kInvalidArgument, "jaxcache: inputs and outputs of '" + name + "' differ in number");
     for (std::size_t i = 0; i < n; ++i) {
-      const std::size_t want = ResultBytes(s.sig.kind, s.sig.tensors[i], comm.rank(), comm.size());
+      const std::size_t want = collective.ResultBytes(s.sig, s.sig.tensors[i], comm.rank(), comm.size());
       if (s.output_bytes[i] != want)
         return Failure(ErrorKind::kInvalidArgument,
                        "jaxcache: result " + std::to_string(i) + " of '" + name + "' has " +

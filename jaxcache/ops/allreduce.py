@@ -58,7 +58,7 @@ def _lowering(ctx, *args, name, auto_name, op, prescale, postscale, world_size, 
                if _in_place(v, aval, scaled)}
     return lowering.ffi_call(ctx, "jaxcache_allreduce", args, name=name, auto_name=auto_name,
                              world_size=world_size, process_set=process_set, aliases=aliases,
-                             **lowering.reduction_attributes(op, prescale, postscale))
+                             op=op, prescale=prescale, postscale=postscale)
 
 
 def _impl(*args, name, auto_name, op, prescale, postscale, world_size, process_set):

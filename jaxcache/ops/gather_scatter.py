@@ -100,7 +100,7 @@ def _scatter_abstract_eval(*avals, name, world_size, **params):
 def _scatter_lowering(ctx, *args, name, auto_name, op, prescale, postscale, world_size, process_set):
     return lowering.ffi_call(ctx, "jaxcache_reducescatter", args, name=name, auto_name=auto_name,
                              world_size=world_size, process_set=process_set,
-                             **lowering.reduction_attributes(op, prescale, postscale))
+                             op=op, prescale=prescale, postscale=postscale)
 
 
 def _scatter_run(args, name, op, prescale, postscale, world_size, process_set, rank):

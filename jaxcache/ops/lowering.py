@@ -43,19 +43,18 @@ def register(primitive, rule, *, cacheable: bool = True) -> None:
 
 
 def ffi_call(ctx, target: str, args, *, name: str, auto_name: bool, world_size: int,
-             process_set: int, aliases: dict[int, int] | None = None, **attributes):
+             process_set: int, aliases: dict[int, int] | None = None, op: str = "sum",
+             prescale: float = 1.0, postscale: float = 1.0, root: int = 0):
     """The custom call of one collective instance: its target, its name (naming.lowered),
-    the set it runs in and the size it was traced for, and its own `attributes` (numbers).
+    the set it runs in and the size it was traced for. Every target takes the same
+    attributes (xla_ext/ffi_handlers.h); a collective ignores those it has no use for
+    (`op` and the scales outside reductions, `root` outside rooted collectives).
     `aliases`: operand -> result buffers XLA may share (in place)."""
     ensure_registered()
     rule = jax.ffi.ffi_lowering(target, operand_output_aliases=aliases or None)
     return rule(ctx, *args, **naming.lowered(ctx, name, auto_name), world_size=np.int64(world_size),
-                process_set=np.int64(process_set), **attributes)
-
-
-def reduction_attributes(op: str, prescale: float, postscale: float) -> dict:
-    """The attributes of a reduction's custom call."""
-    return dict(op=np.int64(REDUCE_OPS[op]), prescale=np.float64(prescale), postscale=np.float64(postscale))
+                process_set=np.int64(process_set), op=np.int64(REDUCE_OPS[op]),
+                prescale=np.float64(prescale), postscale=np.float64(postscale), root=np.int64(root))
 
 
 def donated_argument(value) -> bool:

@@ -1,0 +1,19 @@
+"""mpi4jax's collectives to and from one root and its prefix reduction -- reduce, gather,
+scatter, scan -- on 2 and 3 ranks (each added through one file in xla_ext/collectives/ and
+one op module: docs/design.md, "Adding a collective")."""
+
+import pytest
+
+from conftest import run_mpi
+
+
+@pytest.mark.parametrize("program", ["reduce", "scan_gather_scatter"])
+def test_rooted_and_prefix_collectives(nranks, program):
+    out = run_mpi(f"{program}.py", nranks, timeout=300).stdout
+    assert f"{program}: OK on {nranks} ranks" in out
+
+
+def test_gather_scatter_above_the_mpi_count_limit(nranks):
+    """Blocks larger than JAXCACHE_MAX_MPI_COUNT bytes go point to point, piece by piece."""
+    out = run_mpi("scan_gather_scatter.py", nranks, timeout=300, env={"JAXCACHE_MAX_MPI_COUNT": "5"}).stdout
+    assert f"scan_gather_scatter: OK on {nranks} ranks" in out

@@ -1,0 +1,173 @@
+#include "collectives/collective.h"
+
+#include <optional>
+#include <sstream>
+
+#include "reduce_ops.h"
+
+namespace jaxcache {
+
+// Each collectives/<name>.cc defines <Enumerator>Collective().
+#define JAXCACHE_DECLARE_COLLECTIVE(E, name, target) const Collective& E##Collective();
+JAXCACHE_KINDS(JAXCACHE_DECLARE_COLLECTIVE)
+#undef JAXCACHE_DECLARE_COLLECTIVE
+
+const Collective& CollectiveOf(Kind kind) {
+  switch (kind) {
+#define JAXCACHE_COLLECTIVE_CASE(E, name, target) \
+  case Kind::k##E: return E##Collective();
+    JAXCACHE_KINDS(JAXCACHE_COLLECTIVE_CASE)
+#undef JAXCACHE_COLLECTIVE_CASE
+  }
+  // Codes are range-checked where they enter (wire, bindings): unreachable.
+  throw std::logic_error("jaxcache: no collective for kind " + std::to_string(static_cast<int>(kind)));
+}
+
+void StandInIdentity(const Signature& sig, const TensorSpec& t, StandInRequest& s) {
+  s.buffers.push_back(OutputStore::Allocate(t.NumBytes(), t.shape));
+  char* p = s.buffers.back().data.get();
+  FillIdentity(p, t.NumElements(), t.dtype, sig.op);
+  s.request->inputs.push_back(p);
+  s.request->outputs.push_back(p);
+}
+
+void StandInNothing(StandInRequest& s) {
+  s.request->inputs.push_back(nullptr);
+  s.request->outputs.push_back(nullptr);
+}
+
+std::string RootJoined(const Signature& sig, const std::vector<bool>& joined, const char* lost) {
+  if (!joined[sig.root]) return "";
+  return "cannot run: its root, rank " + std::to_string(sig.root) + ", has joined (called join()) and " + lost;
+}
+
+namespace {
+
+// "rank 0: float32; ranks 1, 2: float64" -- ranks grouped by value; ranks
+// without a value (joined) are left out.
+std::string DescribeByRank(const std::vector<std::optional<std::string>>& values) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (int r = 0; r < static_cast<int>(values.size()); ++r) {
+    if (!values[r]) continue;
+    auto it = groups.begin();
+    for (; it != groups.end(); ++it)
+      if (it->first == *values[r]) break;
+    if (it == groups.end()) groups.push_back({*values[r], {r}});
+    else it->second.push_back(r);
+  }
+  std::ostringstream out;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    if (g) out << "; ";
+    out << RankList(groups[g].second) << ": " << groups[g].first;
+  }
+  return out.str();
+}
+
+std::string FormatDouble(double v) {
+  std::ostringstream s;
+  s.precision(17);
+  s << v;
+  return s.str();
+}
+
+std::string Which(const Signature& s, std::size_t t) {
+  return s.tensors.size() == 1 ? "" : " of tensor " + std::to_string(t);
+}
+
+// The shape with its first dimension left open: "(*, 3)" (a scalar: "()").
+std::string TrailingShape(const TensorSpec& t) {
+  std::string s = "(*";
+  for (std::size_t i = 1; i < t.shape.size(); ++i) s += ", " + std::to_string(t.shape[i]);
+  return s + ")";
+}
+
+}  // namespace
+
+Checker::Checker(const std::string& name, const std::vector<const Signature*>& by_rank)
+    : name_(name), by_rank_(by_rank) {
+  for (const Signature* s : by_rank)
+    if (s) {
+      first_ = s;
+      break;
+    }
+}
+
+Status Checker::Same(const std::string& field, const Field& key, const Field& shown,
+                     const std::function<bool(const Signature&)>& among) const {
+  std::vector<std::optional<std::string>> values(by_rank_.size());
+  std::optional<std::string> seen;
+  bool differs = false;
+  for (std::size_t r = 0; r < by_rank_.size(); ++r) {
+    if (!by_rank_[r] || (among && !among(*by_rank_[r]))) continue;
+    std::string k = key(*by_rank_[r]);
+    if (seen && *seen != k) differs = true;
+    if (!seen) seen = k;
+    values[r] = shown ? shown(*by_rank_[r]) : k;
+  }
+  if (!differs) return Status::Ok();
+  return Error(ErrorKind::kMismatch, field + " differs across ranks (" + DescribeByRank(values) + ")");
+}
+
+Status Checker::SameByRank(const std::string& field,
+                           const std::function<std::string(int, const Signature&)>& key) const {
+  std::vector<std::optional<std::string>> values(by_rank_.size());
+  std::optional<std::string> seen;
+  bool differs = false;
+  for (int r = 0; r < size(); ++r) {
+    if (!by_rank_[r]) continue;
+    values[r] = key(r, *by_rank_[r]);
+    if (seen && *seen != *values[r]) differs = true;
+    if (!seen) seen = values[r];
+  }
+  if (!differs) return Status::Ok();
+  return Error(ErrorKind::kMismatch, field + " differs across ranks (" + DescribeByRank(values) + ")");
+}
+
+Status Checker::Error(ErrorKind kind, const std::string& what) const {
+  return Status::Error(kind, std::string("jaxcache: ") +
+                                 (kind == ErrorKind::kMismatch ? "mismatched collective '"
+                                                               : "invalid collective '") +
+                                 name_ + "' (" + KindName(first_->kind) + "): " + what);
+}
+
+Status Checker::Tensors(bool first_dim_may_differ) const {
+  const Signature& f = first();
+  for (std::size_t t = 0; t < f.tensors.size(); ++t) {
+    JAXCACHE_RETURN_IF_ERROR(Same("dtype" + Which(f, t), [t](const Signature& s) {
+      return std::string(DTypeName(s.tensors[t].dtype));
+    }));
+    JAXCACHE_RETURN_IF_ERROR(Same(
+        (first_dim_may_differ ? "shape beyond the first dimension" : "shape") + Which(f, t),
+        [&](const Signature& s) {
+          const TensorSpec& spec = s.tensors[t];
+          return first_dim_may_differ && !spec.shape.empty() ? TrailingShape(spec) : spec.ShapeString();
+        },
+        [t](const Signature& s) { return s.tensors[t].ShapeString(); }));
+  }
+  return Status::Ok();
+}
+
+Status Checker::NotScalars() const {
+  for (std::size_t t = 0; t < first().tensors.size(); ++t)
+    if (first().tensors[t].shape.empty())
+      return Error(ErrorKind::kInvalidArgument,
+                   "tensor " + std::to_string(t) + " is a scalar; it needs a first dimension to split");
+  return Status::Ok();
+}
+
+Status Checker::Reduction() const {
+  JAXCACHE_RETURN_IF_ERROR(Same("reduce op", [](const Signature& s) { return std::string(ReduceOpName(s.op)); }));
+  JAXCACHE_RETURN_IF_ERROR(Same("prescale", [](const Signature& s) { return FormatDouble(s.prescale); }));
+  return Same("postscale", [](const Signature& s) { return FormatDouble(s.postscale); });
+}
+
+Status Checker::Root() const {
+  JAXCACHE_RETURN_IF_ERROR(Same("root", [](const Signature& s) { return std::to_string(s.root); }));
+  if (first().root < 0 || first().root >= size())
+    return Status::Error(ErrorKind::kInvalidArgument,
+                         std::string("jaxcache: ") + KindName(first().kind) + " '" + name_ + "': root " +
+                             std::to_string(first().root) + " is outside [0, " + std::to_string(size()) + ")");
+  return Status::Ok();
+}
+
+}  // namespace jaxcache

@@ -1,0 +1,76 @@
+// reduce: root gets the reduction of every rank's tensors (op, prescale,
+// postscale; "average" divides by the ranks that contribute); every other
+// rank's result is its own operand, unchanged (mpi4jax's reduce).
+#include <algorithm>
+
+#include "collectives/collective.h"
+#include "operations.h"
+#include "reduce_ops.h"
+
+namespace jaxcache {
+namespace {
+
+class Reduce final : public Collective {
+ public:
+  Status Decide(const Checker& c, Agreement*) const override {
+    JAXCACHE_RETURN_IF_ERROR(c.Root());
+    JAXCACHE_RETURN_IF_ERROR(c.Reduction());
+    return c.Tensors();
+  }
+  std::size_t ResultBytes(const Signature&, const TensorSpec& spec, int, int) const override { return spec.NumBytes(); }
+  bool InPlace() const override { return true; }
+  std::string JoinConflict(const Signature& sig, const Agreement*, const std::vector<bool>& joined,
+                           const std::string&) const override {
+    return RootJoined(sig, joined, "would not receive the result");
+  }
+  // A joined rank contributes the identity.
+  void StandInTensor(const Signature& sig, const TensorSpec& t, int, int, StandInRequest& s) const override {
+    StandInIdentity(sig, t, s);
+  }
+  const char* MpiPhase() const override { return "MPI_REDUCE"; }
+
+  // Root reduces into its result in place (its operand copied and prescaled
+  // there first); the others send their operand (prescaled into scratch when
+  // asked) and keep it as their result. Chunked like an allreduce.
+  Task<> Execute(Operations& ops, Request& r, std::size_t t) const override {
+    const Signature& sig = r.sig;
+    const TensorSpec& spec = sig.tensors[t];
+    Comm& comm = ops.comm();
+    const bool root = comm.rank() == sig.root;
+    const DType dtype = spec.dtype;
+    const std::size_t esize = ElementSize(dtype);
+    const int64_t count = spec.NumElements();
+    const char* in = static_cast<const char*>(r.inputs[t]);
+    char* out = static_cast<char*>(r.outputs[t]);
+    if (count == 0) co_return;
+    if (!root) CopyScaled(in, out, count, dtype, 1.0);
+    const double prescale = ops.Prescale(r);
+    const int64_t step = comm.ChunkCount(esize);
+    char* scaled = root || prescale == 1.0 ? nullptr : ops.Scratch(std::min(step, count) * esize);
+    MPI_Datatype type = MpiDatatype(dtype);
+    MPI_Op op = MpiOp(dtype, Reduction(sig.op));
+    ops.stats().bytes_reduced += spec.NumBytes();
+    ++ops.stats().mpi_calls;
+    for (int64_t off = 0; off < count; off += step) {
+      const int n = static_cast<int>(std::min(step, count - off));
+      char* o = out + off * esize;
+      const char* i = in + off * esize;
+      if (root) CopyScaled(i, o, n, dtype, prescale);
+      else if (scaled) Scale(i, scaled, n, dtype, prescale);
+      const void* send = root ? MPI_IN_PLACE : scaled ? scaled : i;
+      co_await comm.Run("MPI_Ireduce", [&](MPI_Request* req) {
+        return MPI_Ireduce(send, root ? o : nullptr, n, type, op, sig.root, comm.handle(), req);
+      });
+      if (root && sig.postscale != 1.0) Scale(o, o, n, dtype, sig.postscale);
+    }
+  }
+};
+
+}  // namespace
+
+const Collective& ReduceCollective() {
+  static const Reduce collective;
+  return collective;
+}
+
+}  // namespace jaxcache

@@ -1,0 +1,101 @@
+// scatter: root's tensor has one block per rank along its first dimension;
+// rank r gets block r. The other ranks' operands have a block's shape (their
+// values are not read), so every rank's result has that shape (mpi4jax's scatter).
+#include <algorithm>
+#include <cstring>
+
+#include "collectives/collective.h"
+#include "operations.h"
+
+namespace jaxcache {
+namespace {
+
+// "(3, 4)" for a (P, 3, 4) tensor: one block.
+std::string BlockShape(const TensorSpec& t) {
+  TensorSpec block = t;
+  if (!block.shape.empty()) block.shape.erase(block.shape.begin());
+  return block.ShapeString();
+}
+
+class Scatter final : public Collective {
+ public:
+  Status Decide(const Checker& c, Agreement*) const override {
+    JAXCACHE_RETURN_IF_ERROR(c.Root());
+    const int root = c.first().root;
+    Status bad;
+    c.ForEachRank([&](int r, const Signature& s) {
+      if (r != root || !bad.ok()) return;
+      for (std::size_t t = 0; t < s.tensors.size(); ++t) {
+        const TensorSpec& spec = s.tensors[t];
+        if (spec.shape.empty() || spec.shape[0] != c.size())
+          bad = c.Error(ErrorKind::kInvalidArgument,
+                        "root (rank " + std::to_string(root) + ")'s tensor " + std::to_string(t) + " has shape " +
+                            spec.ShapeString() + "; its first dimension must be the number of ranks, " +
+                            std::to_string(c.size()));
+      }
+    });
+    JAXCACHE_RETURN_IF_ERROR(bad);
+    for (std::size_t t = 0; t < c.first().tensors.size(); ++t) {
+      JAXCACHE_RETURN_IF_ERROR(c.Same("dtype of tensor " + std::to_string(t), [t](const Signature& s) {
+        return std::string(DTypeName(s.tensors[t].dtype));
+      }));
+      JAXCACHE_RETURN_IF_ERROR(c.SameByRank(
+          "block shape of tensor " + std::to_string(t) + " (root's shape without its first dimension)",
+          [&](int r, const Signature& s) {
+            return r == root ? BlockShape(s.tensors[t]) : s.tensors[t].ShapeString();
+          }));
+    }
+    return Status::Ok();
+  }
+  std::size_t ResultBytes(const Signature& sig, const TensorSpec& spec, int rank, int) const override {
+    return rank == sig.root ? spec.RowBytes() : spec.NumBytes();
+  }
+  bool InPlace() const override { return false; }
+  std::string JoinConflict(const Signature&, const Agreement*, const std::vector<bool>&,
+                           const std::string& who) const override {
+    return "cannot run while " + who + " joined: root's tensor has a block for every rank";
+  }
+  // Never runs (JoinConflict refuses it).
+  void StandInTensor(const Signature&, const TensorSpec&, int, int, StandInRequest& s) const override {
+    StandInNothing(s);
+  }
+  const char* MpiPhase() const override { return "MPI_SCATTER"; }
+
+  Task<> Execute(Operations& ops, Request& r, std::size_t t) const override {
+    Comm& comm = ops.comm();
+    const int root = r.sig.root, me = comm.rank();
+    const TensorSpec& spec = r.sig.tensors[t];
+    const int64_t bytes = static_cast<int64_t>(me == root ? spec.RowBytes() : spec.NumBytes());
+    const char* in = static_cast<const char*>(r.inputs[t]);
+    char* out = static_cast<char*>(r.outputs[t]);
+    if (bytes == 0) co_return;
+    ++ops.stats().mpi_calls;
+    if (bytes <= comm.max_count()) {
+      const int n = static_cast<int>(bytes);
+      co_await comm.Run("MPI_Iscatter", [&](MPI_Request* req) {
+        return MPI_Iscatter(me == root ? in : nullptr, n, MPI_BYTE, out, n, MPI_BYTE, root, comm.handle(), req);
+      });
+      co_return;
+    }
+    // Blocks above the MPI count limit: root sends each rank its block piece by piece.
+    const int64_t piece = comm.max_count();
+    for (int q = 0; q < comm.size(); ++q) {
+      if (me == root && q == root) std::memcpy(out, in + q * bytes, bytes);
+      if (q == root || (me != root && me != q)) continue;
+      for (int64_t off = 0; off < bytes; off += piece) {
+        const int64_t n = std::min(piece, bytes - off);
+        if (me == root) co_await comm.Exchange(in + q * bytes + off, n, q, nullptr, 0, q, DType::kUInt8, "a scatter");
+        else co_await comm.Exchange(nullptr, 0, root, out + off, n, root, DType::kUInt8, "a scatter");
+      }
+    }
+  }
+};
+
+}  // namespace
+
+const Collective& ScatterCollective() {
+  static const Scatter collective;
+  return collective;
+}
+
+}  // namespace jaxcache
