@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 NP ?= 2
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: venv install install-test demo test test-multihost test-jax-latest test-gpu gpu-wheels bench clean
+.PHONY: venv install install-test demo test test-multihost test-mpi4jax test-jax-latest test-gpu gpu-wheels bench clean
 
 venv:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ test: install-test
 
 test-multihost: install-test
 	$(VENV)/bin/pytest -v -rs tests/multihost
+
+# mpi4jax's own test suite (from its PyPI sdist) against jaxcache.mpi4jax, one mpirun per
+# test at 2 and 3 ranks (docs/mpi4jax.md); not part of make test (about half an hour).
+test-mpi4jax: install-test
+	$(PY) tests/mpi4jax_suite.py --np 2 --np 3
 
 # The newest jax (0.12, which needs Python >= 3.12) in a venv of its own: jaxcache built
 # against its FFI headers, then the core multi-rank tests, the exactly-once tests of

@@ -17,3 +17,9 @@ def test_gather_scatter_above_the_mpi_count_limit(nranks):
     """Blocks larger than JAXCACHE_MAX_MPI_COUNT bytes go point to point, piece by piece."""
     out = run_mpi("scan_gather_scatter.py", nranks, timeout=300, env={"JAXCACHE_MAX_MPI_COUNT": "5"}).stdout
     assert f"scan_gather_scatter: OK on {nranks} ranks" in out
+
+
+def test_mpi4jax_module(nranks):
+    """`import jaxcache.mpi4jax as mpi4jax`: mpi4jax's names, operators and conventions."""
+    out = run_mpi("mpi4jax_api.py", nranks, timeout=300).stdout
+    assert f"mpi4jax_api: OK on {nranks} ranks" in out

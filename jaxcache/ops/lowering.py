@@ -16,6 +16,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 import jax
+import jax.numpy  # noqa: F401  (jax.numpy.asarray below)
 from jax._src.lib.mlir import ir
 from jax.interpreters import ad, batching, mlir
 
@@ -81,7 +82,11 @@ def define_collective(primitive, *, impl: Callable, abstract_eval: Callable, low
     their inputs, so the JVP is the same collective of the tangents (named `name/jvp`);
     with `differentiable_ops`, only those ops (the `op` parameter) are differentiable.
     `transpose`: registered when given."""
-    primitive.def_impl(impl)
+    def concrete_impl(*args, **params):
+        # Autodiff evaluates rules eagerly on Python scalars too (the cotangent 1.0 of grad).
+        return impl(*(a if isinstance(a, jax.Array) else jax.numpy.asarray(a) for a in args), **params)
+
+    primitive.def_impl(concrete_impl)
     primitive.def_abstract_eval(abstract_eval)
     register(primitive, lower, cacheable=False)
     ad.primitive_jvps[primitive] = _linear_jvp(primitive, differentiable_ops)

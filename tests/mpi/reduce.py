@@ -93,6 +93,9 @@ for root in sorted({0, size - 1}):
     g = jax.jit(jax.grad(loss))(jnp.ones(3))
     expected = 2.0 * (root + 1) + (0.0 if rank == root else rank + 1)
     assert_close(np.asarray(g), np.full(3, expected), f"grad root={root}")
+# Eagerly, from a Python scalar (autodiff runs the rules on the cotangent 1.0 itself).
+g = jax.grad(lambda v: jc.reduce(v, "sum", 0, name="red.scalar.grad") + jc.scan(v, "sum", name="scan.scalar.grad"))(0.0)
+assert float(g) == 1 + (rank != 0) + (size - rank), g
 raises(NotImplementedError, "only 'sum' and 'average'",
        lambda: jax.grad(lambda v: jnp.sum(jc.reduce(v, "max", 0, name="red.nograd")))(jnp.ones(2)))
 

@@ -1,0 +1,99 @@
+"""Runs mpi4jax's own test suite against jaxcache.mpi4jax (`make test-mpi4jax`).
+
+mpi4jax's tests come from its source distribution on PyPI (never copied into this
+repository) or from --tests DIR. A one-line shim package named `mpi4jax` on PYTHONPATH
+re-exports jaxcache.mpi4jax, so `from mpi4jax import allreduce` in their tests gets ours.
+Each test runs in its own `mpirun -np N` job under a hard timeout, as mpi4jax's CI runs
+them; a test passes when every rank passes it. Prints each failure with the last lines of
+its output, then "N passed, M failed".
+
+    python tests/mpi4jax_suite.py [--np 2] [--np 3] [--tests DIR] [-k EXPR] [--timeout 120]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+MPI4JAX_VERSION = "0.9.1"  # the mpi4jax whose API jaxcache.mpi4jax follows
+SHIM = "from jaxcache.mpi4jax import *  # noqa: F401,F403\nfrom jaxcache.mpi4jax import __all__  # noqa: F401\n" \
+       f"__version__ = {MPI4JAX_VERSION!r}\n"
+BIN = Path(sys.executable).parent
+
+
+def download_tests(workdir: Path) -> Path:
+    """mpi4jax's tests/ from its sdist on PyPI."""
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                    "--no-build-isolation", f"mpi4jax=={MPI4JAX_VERSION}", "-d", str(workdir)], check=True)
+    sdist = next(workdir.glob("mpi4jax-*.tar.gz"))
+    with tarfile.open(sdist) as tar:
+        members = [m for m in tar.getmembers() if "/tests/" in m.name and m.isfile()]
+        tar.extractall(workdir, members=members, filter="data")
+    return next(workdir.glob("mpi4jax-*/tests"))
+
+
+def collect(tests: Path, env: dict, expr: str | None) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", str(tests)]
+    if expr:
+        cmd += ["-k", expr]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tests.parent).stdout
+    return [line.strip() for line in out.splitlines() if "::" in line]
+
+
+def run_one(node: str, np: int, env: dict, timeout: float, cwd: Path) -> tuple[bool, str]:
+    cmd = [str(BIN / "mpirun"), "-np", str(np), sys.executable, "-m", "pytest", "-q", "-x",
+           "-p", "no:cacheprovider", node]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, cwd=cwd)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return False, f"timed out after {timeout:.0f} s\n{out[-2000:]}"
+    return proc.returncode == 0, out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--np", type=int, action="append", help="rank counts (default: 2)")
+    p.add_argument("--tests", type=Path, help="mpi4jax's tests/ directory (default: from its PyPI sdist)")
+    p.add_argument("-k", dest="expr", help="only the tests pytest -k selects")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per test job")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="mpi4jax-suite-") as tmp:
+        work = Path(tmp)
+        tests = args.tests or download_tests(work)
+        shim = work / "shim" / "mpi4jax"
+        shim.mkdir(parents=True)
+        (shim / "__init__.py").write_text(SHIM)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shim.parent), os.environ.get("PYTHONPATH", "")]),
+                   JAX_PLATFORMS="cpu")
+        nodes = collect(tests, env, args.expr)
+        if not nodes:
+            print(f"no tests collected in {tests}", file=sys.stderr)
+            return 2
+        passed, failed = 0, []
+        for np in args.np or [2]:
+            for node in nodes:
+                ok, out = run_one(node, np, env, args.timeout, tests.parent)
+                name = f"{node.split('tests/', 1)[-1]} [np={np}]"
+                print(("PASS " if ok else "FAIL ") + name, flush=True)
+                if ok:
+                    passed += 1
+                else:
+                    failed.append((name, out))
+        for name, out in failed:
+            print(f"\n--- {name}\n" + "\n".join(out.strip().splitlines()[-12:]))
+        print(f"\nmpi4jax's suite against jaxcache.mpi4jax: {passed} passed, {len(failed)} failed")
+        return 0 if not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
