@@ -1,7 +1,8 @@
 """The state of one runtime session: what init() creates and shutdown() drops.
 
 Everything the Python layer keeps about a running runtime -- the agreed settings, the job
-communicator, the registered process sets, the node layout -- lives in one `Session`; `current()` is the
+communicator, the registered process sets, the node layout, the automatic names in flight --
+lives in one `Session`; `current()` is the
 only way to reach it, so nothing survives from one init() to the next by accident.
 """
 
@@ -12,6 +13,7 @@ from mpi4py import MPI
 
 from . import config
 from ._ext import ext
+from .ops.naming import InFlight
 
 
 @dataclasses.dataclass
@@ -23,6 +25,9 @@ class Session:
     next_set_id: int = 1
     # (cross_rank, cross_size, is_homogeneous): learned collectively by the bridges' init().
     topology: tuple[int, int, bool] | None = None
+    # Automatic names of the torch bridge's handles not yet synchronized (naming.InFlight):
+    # a new session starts with none, whatever handles an earlier one left unsynchronized.
+    in_flight: InFlight = dataclasses.field(default_factory=InFlight)
 
 
 _current: Session | None = None

@@ -46,3 +46,8 @@ def test_digits_example_reaches_95_percent():
 def test_reducescatter_alltoall_allgather_join(nranks, scenario):
     out = run_mpi("torch_vocabulary.py", nranks, scenario, timeout=300).stdout
     assert f"torch_vocabulary {scenario}: OK on {nranks} ranks" in out
+
+
+def test_names_left_in_flight_do_not_outlive_their_session(nranks):
+    out = run_mpi("torch_sessions.py", nranks, timeout=120, env={"JAXCACHE_STALL_SHUTDOWN_TIME": "20"}).stdout
+    assert f"torch_sessions: OK on {nranks} ranks" in out

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .. import runtime as _runtime
+from .. import session as _session
 from .. import submit as _submit
 from ..compat import process_sets, reduce_ops
 from ..compat.process_sets import Resolved, global_process_set
@@ -102,18 +103,17 @@ def reduce_args(op: str, prescale: float, postscale: float) -> tuple[int, float,
 
 _lock = threading.Lock()
 _outstanding: dict[int, "Handle"] = {}  # keeps tensors alive until synchronize()
-# Automatic names of handles not yet synchronized, per process set (names are matched within
-# a set, so a call site in flight in one set does not rename its call in another). Identical
-# across ranks running the same program: the suffix depends only on the order of
-# submissions and synchronize() calls, never on timing; synchronous calls always get the
-# bare name, so a loop re-uses one cached collective.
-_in_flight = naming.InFlight()
+# Automatic names of handles not yet synchronized (the session's naming.InFlight), per process
+# set (names are matched within a set, so a call site in flight in one set does not rename
+# its call in another). Identical across ranks running the same program: the suffix depends
+# only on the order of submissions and synchronize() calls, never on timing; synchronous
+# calls always get the bare name, so a loop re-uses one cached collective.
 
 
 def _auto_name(kind: str, set_id: int) -> naming.Automatic:
     """torch.kind@call-site; '#k' (smallest k free) while earlier requests of the site in
     the same process set are unsynchronized."""
-    return _in_flight.take(set_id, f"torch.{kind}@{naming.call_site()}")
+    return _session.current("a torch collective").in_flight.take(set_id, f"torch.{kind}@{naming.call_site()}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,7 +174,7 @@ class Handle:
     """
 
     __slots__ = ("name", "kind", "process_set", "rows", "contributors", "_pending", "_results",
-                 "_targets", "_copy_back", "_auto", "_single", "_bump", "_done", "_result",
+                 "_targets", "_copy_back", "_auto", "_names", "_single", "_bump", "_done", "_result",
                  "__weakref__")
 
     def __init__(self, name: str, pending: _submit.Pending, results: list, targets,
@@ -190,6 +190,8 @@ class Handle:
         self._targets = targets  # the caller's tensors (for device moves and version bumps)
         self._copy_back = copy_back  # [(original, staging buffer)] for in-place fallbacks
         self._auto = auto
+        # The session's automatic names, which hold this one until synchronize().
+        self._names = _session.current("a torch collective").in_flight if auto else None
         self._single = single
         self._bump = bump
         self._done = False
@@ -255,8 +257,8 @@ class _AllocatedHandle(Handle):
 def _release(handle: Handle) -> None:
     with _lock:
         _outstanding.pop(id(handle), None)
-    if handle._auto:
-        _in_flight.release(handle.process_set.id, handle.name)
+    if handle._names is not None:  # the session that named it, even if another runs now
+        handle._names.release(handle.process_set.id, handle.name)
 
 
 def _started(handle: Handle) -> Handle:
@@ -273,8 +275,9 @@ def _started(handle: Handle) -> Handle:
 
 
 def _discard_auto(name: str, auto_name: bool, set_id: int) -> None:
-    if auto_name:
-        _in_flight.release(set_id, name)
+    session = _session.peek()
+    if auto_name and session is not None:
+        session.in_flight.release(set_id, name)
 
 
 def _device_kind(tensors) -> int:
