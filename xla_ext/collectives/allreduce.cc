@@ -2,8 +2,6 @@
 // prescale and postscale; "average" divides by the ranks that contribute).
 // Operations runs a cycle's allreduces together: small tensors fused, the
 // others through Execute below, in place.
-#include <algorithm>
-
 #include "collectives/collective.h"
 #include "operations.h"
 #include "reduce_ops.h"
@@ -32,27 +30,13 @@ class Allreduce final : public Collective {
 
   // One tensor reduced in its result buffer. In-place MPI is markedly faster
   // than separate buffers (MPICH copies the send buffer itself), and the copy
-  // into the output absorbs the prescale. Chunk by chunk: each is copied,
-  // reduced and postscaled while in cache.
+  // into the output absorbs the prescale.
   Task<> Execute(Operations& ops, Request& r, std::size_t t) const override {
-    const Signature& sig = r.sig;
-    const TensorSpec& spec = sig.tensors[t];
-    const DType dtype = spec.dtype;
-    const int64_t count = spec.NumElements();
-    const void* in = r.inputs[t];
-    void* out = r.outputs[t];
-    if (in != out) AdviseHugePages(out, spec.NumBytes());
-    const std::size_t esize = ElementSize(dtype);
-    const int64_t step = ops.comm().ChunkCount(esize);
-    const double prescale = ops.Prescale(r);
-    ++ops.stats().mpi_calls;
-    for (int64_t off = 0; off < count; off += step) {
-      const int64_t n = std::min(step, count - off);
-      char* o = static_cast<char*>(out) + off * esize;
-      CopyScaled(static_cast<const char*>(in) + off * esize, o, n, dtype, prescale);
-      co_await ops.comm().AllreduceData(o, o, n, dtype, sig.op);
-      if (sig.postscale != 1.0) Scale(o, o, n, dtype, sig.postscale);
-    }
+    const DType dtype = r.sig.tensors[t].dtype;
+    const ReduceOp op = r.sig.op;
+    co_await ReduceByChunks(ops, r, t, ops.Prescale(r), true, [&ops, dtype, op](char* chunk, int n) {
+      return ops.comm().AllreduceData(chunk, chunk, n, dtype, op);
+    });
   }
 };
 

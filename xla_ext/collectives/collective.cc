@@ -3,6 +3,7 @@
 #include <optional>
 #include <sstream>
 
+#include "operations.h"
 #include "reduce_ops.h"
 
 namespace jaxcache {
@@ -34,6 +35,26 @@ void StandInIdentity(const Signature& sig, const TensorSpec& t, StandInRequest& 
 void StandInNothing(StandInRequest& s) {
   s.request->inputs.push_back(nullptr);
   s.request->outputs.push_back(nullptr);
+}
+
+Task<> ReduceByChunks(Operations& ops, Request& r, std::size_t t, double prescale, bool postscale,
+                      ChunkReduction reduce) {
+  const TensorSpec& spec = r.sig.tensors[t];
+  const DType dtype = spec.dtype;
+  const std::size_t esize = ElementSize(dtype);
+  const int64_t count = spec.NumElements();
+  const char* in = static_cast<const char*>(r.inputs[t]);
+  char* out = static_cast<char*>(r.outputs[t]);
+  if (in != out) AdviseHugePages(out, spec.NumBytes());
+  const int64_t step = ops.comm().ChunkCount(esize);
+  ++ops.stats().mpi_calls;
+  for (int64_t off = 0; off < count; off += step) {
+    const int n = static_cast<int>(std::min(step, count - off));
+    char* o = out + off * esize;
+    CopyScaled(in + off * esize, o, n, dtype, prescale);
+    co_await reduce(o, n);
+    if (postscale && r.sig.postscale != 1.0) Scale(o, o, n, dtype, r.sig.postscale);
+  }
 }
 
 std::string RootJoined(const Signature& sig, const std::vector<bool>& joined, const char* lost) {

@@ -123,6 +123,14 @@ void StandInNothing(StandInRequest& s);
 // root's would be lost, e.g. "has no data to send").
 std::string RootJoined(const Signature& sig, const std::vector<bool>& joined, const char* lost);
 
+// The reductions' in-place pattern, chunk by chunk (at most JAXCACHE_CHUNK_BYTES): tensor
+// t's operand is copied into its result multiplied by `prescale`, `reduce(chunk, n)` reduces
+// that chunk in place, and with `postscale` it is scaled by sig.postscale -- each step while
+// the chunk is in cache.
+using ChunkReduction = std::function<Task<>(char* chunk, int n)>;
+Task<> ReduceByChunks(Operations& ops, Request& r, std::size_t t, double prescale, bool postscale,
+                      ChunkReduction reduce);
+
 // A collective without tensors whose negotiation is all of it (barrier, join).
 class Tensorless : public Collective {
  public:

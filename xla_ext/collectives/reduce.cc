@@ -36,32 +36,40 @@ class Reduce final : public Collective {
     const Signature& sig = r.sig;
     const TensorSpec& spec = sig.tensors[t];
     Comm& comm = ops.comm();
-    const bool root = comm.rank() == sig.root;
+    const int root = sig.root;
     const DType dtype = spec.dtype;
-    const std::size_t esize = ElementSize(dtype);
     const int64_t count = spec.NumElements();
-    const char* in = static_cast<const char*>(r.inputs[t]);
-    char* out = static_cast<char*>(r.outputs[t]);
     if (count == 0) co_return;
-    if (!root) CopyScaled(in, out, count, dtype, 1.0);
-    const double prescale = ops.Prescale(r);
-    const int64_t step = comm.ChunkCount(esize);
-    char* scaled = root || prescale == 1.0 ? nullptr : ops.Scratch(std::min(step, count) * esize);
+    ops.stats().bytes_reduced += spec.NumBytes();
     MPI_Datatype type = MpiDatatype(dtype);
     MPI_Op op = MpiOp(dtype, Reduction(sig.op));
-    ops.stats().bytes_reduced += spec.NumBytes();
+    const double prescale = ops.Prescale(r);
+    if (comm.rank() == root) {
+      co_await ReduceByChunks(ops, r, t, prescale, true, [&comm, type, op, root](char* chunk, int n) {
+        return comm.Run("MPI_Ireduce", [&comm, type, op, root, chunk, n](MPI_Request* req) {
+          return MPI_Ireduce(MPI_IN_PLACE, chunk, n, type, op, root, comm.handle(), req);
+        });
+      });
+      co_return;
+    }
+    // The result is the operand; its chunks go out (prescaled into scratch when asked).
+    const std::size_t esize = ElementSize(dtype);
+    const char* in = static_cast<const char*>(r.inputs[t]);
+    char* out = static_cast<char*>(r.outputs[t]);
+    const int64_t step = comm.ChunkCount(esize);
+    char* scaled = prescale == 1.0 ? nullptr : ops.Scratch(std::min(step, count) * esize);
+    if (in != out) CopyScaled(in, out, count, dtype, 1.0);
     ++ops.stats().mpi_calls;
     for (int64_t off = 0; off < count; off += step) {
       const int n = static_cast<int>(std::min(step, count - off));
-      char* o = out + off * esize;
-      const char* i = in + off * esize;
-      if (root) CopyScaled(i, o, n, dtype, prescale);
-      else if (scaled) Scale(i, scaled, n, dtype, prescale);
-      const void* send = root ? MPI_IN_PLACE : scaled ? scaled : i;
+      const char* send = out + off * esize;
+      if (scaled) {
+        Scale(send, scaled, n, dtype, prescale);
+        send = scaled;
+      }
       co_await comm.Run("MPI_Ireduce", [&](MPI_Request* req) {
-        return MPI_Ireduce(send, root ? o : nullptr, n, type, op, sig.root, comm.handle(), req);
+        return MPI_Ireduce(send, nullptr, n, type, op, root, comm.handle(), req);
       });
-      if (root && sig.postscale != 1.0) Scale(o, o, n, dtype, sig.postscale);
     }
   }
 };

@@ -1,7 +1,5 @@
 // scan: rank r gets the reduction of ranks 0..r's tensors (an inclusive
 // prefix reduction, MPI_Scan; op, prescale, postscale).
-#include <algorithm>
-
 #include "collectives/collective.h"
 #include "operations.h"
 #include "reduce_ops.h"
@@ -34,29 +32,17 @@ class Scan final : public Collective {
   // The operand is copied (prescaled) into the result, which is scanned in
   // place and postscaled, chunk by chunk.
   Task<> Execute(Operations& ops, Request& r, std::size_t t) const override {
-    const Signature& sig = r.sig;
-    const TensorSpec& spec = sig.tensors[t];
-    Comm& comm = ops.comm();
-    const DType dtype = spec.dtype;
-    const std::size_t esize = ElementSize(dtype);
-    const int64_t count = spec.NumElements();
-    if (count == 0) co_return;
-    const char* in = static_cast<const char*>(r.inputs[t]);
-    char* out = static_cast<char*>(r.outputs[t]);
-    const int64_t step = comm.ChunkCount(esize);
-    MPI_Datatype type = MpiDatatype(dtype);
-    MPI_Op op = MpiOp(dtype, Reduction(sig.op));
+    const TensorSpec& spec = r.sig.tensors[t];
+    if (spec.NumElements() == 0) co_return;
     ops.stats().bytes_reduced += spec.NumBytes();
-    ++ops.stats().mpi_calls;
-    for (int64_t off = 0; off < count; off += step) {
-      const int n = static_cast<int>(std::min(step, count - off));
-      char* o = out + off * esize;
-      CopyScaled(in + off * esize, o, n, dtype, sig.prescale);
-      co_await comm.Run("MPI_Iscan", [&](MPI_Request* req) {
-        return MPI_Iscan(MPI_IN_PLACE, o, n, type, op, comm.handle(), req);
+    Comm& comm = ops.comm();
+    MPI_Datatype type = MpiDatatype(spec.dtype);
+    MPI_Op op = MpiOp(spec.dtype, Reduction(r.sig.op));
+    co_await ReduceByChunks(ops, r, t, r.sig.prescale, true, [&comm, type, op](char* chunk, int n) {
+      return comm.Run("MPI_Iscan", [&comm, type, op, chunk, n](MPI_Request* req) {
+        return MPI_Iscan(MPI_IN_PLACE, chunk, n, type, op, comm.handle(), req);
       });
-      if (sig.postscale != 1.0) Scale(o, o, n, dtype, sig.postscale);
-    }
+    });
   }
 };
 
