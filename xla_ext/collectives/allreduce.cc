@@ -9,21 +9,11 @@
 namespace jaxcache {
 namespace {
 
-class Allreduce final : public Collective {
+class Allreduce final : public ElementwiseReduction {
  public:
   Status Decide(const Checker& c, Agreement*) const override {
     JAXCACHE_RETURN_IF_ERROR(c.Reduction());
     return c.Tensors();
-  }
-  std::size_t ResultBytes(const Signature&, const TensorSpec& spec, int, int) const override { return spec.NumBytes(); }
-  bool InPlace() const override { return true; }
-  // A joined rank contributes the identity.
-  std::string JoinConflict(const Signature&, const Agreement*, const std::vector<bool>&,
-                           const std::string&) const override {
-    return "";
-  }
-  void StandInTensor(const Signature& sig, const TensorSpec& t, int, int, StandInRequest& s) const override {
-    StandInIdentity(sig, t, s);
   }
   const char* MpiPhase() const override { return "MPI_ALLREDUCE"; }
   bool Fused() const override { return true; }

@@ -15,7 +15,7 @@ std::string Join(const std::vector<int64_t>& v) {
   return s + "]";
 }
 
-class Alltoall final : public Collective {
+class Alltoall final : public RowMovement {
  public:
   // Agreement: rows[s * size + d] = rows rank s sends to rank d.
   Status Decide(const Checker& c, Agreement* agreement) const override {
@@ -83,14 +83,9 @@ class Alltoall final : public Collective {
   }
   std::size_t ResultBytes(const Signature&, const TensorSpec& spec, int, int) const override { return spec.NumBytes(); }
   bool AgreedSizes() const override { return true; }
-  bool InPlace() const override { return false; }
   std::string JoinConflict(const Signature&, const Agreement*, const std::vector<bool>&,
                            const std::string& who) const override {
     return "cannot run while " + who + " joined: the rows sent to a joined rank would be lost";
-  }
-  // Never runs (JoinConflict refuses it).
-  void StandInTensor(const Signature&, const TensorSpec&, int, int, StandInRequest& s) const override {
-    StandInNothing(s);
   }
   const char* MpiPhase() const override { return "MPI_ALLTOALL"; }
 

@@ -131,6 +131,33 @@ using ChunkReduction = std::function<Task<>(char* chunk, int n)>;
 Task<> ReduceByChunks(Operations& ops, Request& r, std::size_t t, double prescale, bool postscale,
                       ChunkReduction reduce);
 
+// A reduction whose result has its operand's shape (allreduce, reduce, scan): a rank that
+// has joined contributes the identity.
+class ElementwiseReduction : public Collective {
+ public:
+  std::size_t ResultBytes(const Signature&, const TensorSpec& spec, int, int) const override {
+    return spec.NumBytes();
+  }
+  bool InPlace() const override { return true; }
+  std::string JoinConflict(const Signature&, const Agreement*, const std::vector<bool>&,
+                           const std::string&) const override {
+    return "";
+  }
+  void StandInTensor(const Signature& sig, const TensorSpec& t, int, int, StandInRequest& s) const override {
+    StandInIdentity(sig, t, s);
+  }
+};
+
+// A collective that moves rows between ranks and cannot run while one has joined
+// (alltoall, gather, scatter): its result is separate from its operand.
+class RowMovement : public Collective {
+ public:
+  bool InPlace() const override { return false; }
+  void StandInTensor(const Signature&, const TensorSpec&, int, int, StandInRequest& s) const override {
+    StandInNothing(s);
+  }
+};
+
 // A collective without tensors whose negotiation is all of it (barrier, join).
 class Tensorless : public Collective {
  public:

@@ -10,7 +10,7 @@
 namespace jaxcache {
 namespace {
 
-class Gather final : public Collective {
+class Gather final : public RowMovement {
  public:
   Status Decide(const Checker& c, Agreement*) const override {
     JAXCACHE_RETURN_IF_ERROR(c.Root());
@@ -19,14 +19,9 @@ class Gather final : public Collective {
   std::size_t ResultBytes(const Signature& sig, const TensorSpec& spec, int rank, int size) const override {
     return rank == sig.root ? spec.NumBytes() * size : spec.NumBytes();
   }
-  bool InPlace() const override { return false; }
   std::string JoinConflict(const Signature&, const Agreement*, const std::vector<bool>&,
                            const std::string& who) const override {
     return "cannot run while " + who + " joined: root's result has a block for every rank";
-  }
-  // Never runs (JoinConflict refuses it).
-  void StandInTensor(const Signature&, const TensorSpec&, int, int, StandInRequest& s) const override {
-    StandInNothing(s);
   }
   const char* MpiPhase() const override { return "MPI_GATHER"; }
 

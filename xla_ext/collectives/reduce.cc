@@ -10,22 +10,16 @@
 namespace jaxcache {
 namespace {
 
-class Reduce final : public Collective {
+class Reduce final : public ElementwiseReduction {
  public:
   Status Decide(const Checker& c, Agreement*) const override {
     JAXCACHE_RETURN_IF_ERROR(c.Root());
     JAXCACHE_RETURN_IF_ERROR(c.Reduction());
     return c.Tensors();
   }
-  std::size_t ResultBytes(const Signature&, const TensorSpec& spec, int, int) const override { return spec.NumBytes(); }
-  bool InPlace() const override { return true; }
   std::string JoinConflict(const Signature& sig, const Agreement*, const std::vector<bool>& joined,
                            const std::string&) const override {
     return RootJoined(sig, joined, "would not receive the result");
-  }
-  // A joined rank contributes the identity.
-  void StandInTensor(const Signature& sig, const TensorSpec& t, int, int, StandInRequest& s) const override {
-    StandInIdentity(sig, t, s);
   }
   const char* MpiPhase() const override { return "MPI_REDUCE"; }
 

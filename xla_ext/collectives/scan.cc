@@ -7,25 +7,13 @@
 namespace jaxcache {
 namespace {
 
-class Scan final : public Collective {
+class Scan final : public ElementwiseReduction {
  public:
   Status Decide(const Checker& c, Agreement*) const override {
     JAXCACHE_RETURN_IF_ERROR(c.Reduction());
     if (c.first().op == ReduceOp::kAverage)
       return c.Error(ErrorKind::kInvalidArgument, "a scan has no average (the prefixes differ in length)");
     return c.Tensors();
-  }
-  std::size_t ResultBytes(const Signature&, const TensorSpec& spec, int, int) const override {
-    return spec.NumBytes();
-  }
-  bool InPlace() const override { return true; }
-  // A joined rank contributes the identity to the prefixes after it.
-  std::string JoinConflict(const Signature&, const Agreement*, const std::vector<bool>&,
-                           const std::string&) const override {
-    return "";
-  }
-  void StandInTensor(const Signature& sig, const TensorSpec& t, int, int, StandInRequest& s) const override {
-    StandInIdentity(sig, t, s);
   }
   const char* MpiPhase() const override { return "MPI_SCAN"; }
 

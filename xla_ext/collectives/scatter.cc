@@ -17,7 +17,7 @@ std::string BlockShape(const TensorSpec& t) {
   return block.ShapeString();
 }
 
-class Scatter final : public Collective {
+class Scatter final : public RowMovement {
  public:
   Status Decide(const Checker& c, Agreement*) const override {
     JAXCACHE_RETURN_IF_ERROR(c.Root());
@@ -50,14 +50,9 @@ class Scatter final : public Collective {
   std::size_t ResultBytes(const Signature& sig, const TensorSpec& spec, int rank, int) const override {
     return rank == sig.root ? spec.RowBytes() : spec.NumBytes();
   }
-  bool InPlace() const override { return false; }
   std::string JoinConflict(const Signature&, const Agreement*, const std::vector<bool>&,
                            const std::string& who) const override {
     return "cannot run while " + who + " joined: root's tensor has a block for every rank";
-  }
-  // Never runs (JoinConflict refuses it).
-  void StandInTensor(const Signature&, const TensorSpec&, int, int, StandInRequest& s) const override {
-    StandInNothing(s);
   }
   const char* MpiPhase() const override { return "MPI_SCATTER"; }
 
