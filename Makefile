@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 NP ?= 2
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: venv install install-test demo test test-multihost test-mpi4jax test-jax-latest test-gpu gpu-wheels bench clean
+.PHONY: venv install install-test demo test test-multihost test-mpi4jax test-horovod test-jax-latest test-gpu gpu-wheels bench clean
 
 venv:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,15 @@ test-multihost: install-test
 # test at 2 and 3 ranks (docs/mpi4jax.md); not part of make test (about half an hour).
 test-mpi4jax: install-test
 	$(PY) tests/mpi4jax_suite.py --np 2 --np 3
+
+# Horovod's own test suites (torch, TensorFlow, Keras) against jaxcache's bridges, one mpirun
+# per test at 2 ranks (docs/horovod.md); needs a Horovod source checkout: HOROVOD_SRC=DIR
+# (e.g. git clone -b v0.28.1 https://github.com/horovod/horovod). Not part of make test.
+HOROVOD_SUITES ?= --suite torch
+test-horovod: install-test
+	@test -n "$(HOROVOD_SRC)" || { echo "test-horovod: set HOROVOD_SRC to a Horovod source checkout"; exit 2; }
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check mock cloudpickle
+	$(PY) tests/horovod_suite.py --horovod $(HOROVOD_SRC) $(HOROVOD_SUITES)
 
 # The newest jax (0.12, which needs Python >= 3.12) in a venv of its own: jaxcache built
 # against its FFI headers, then the core multi-rank tests, the exactly-once tests of

@@ -29,6 +29,7 @@ _EXPORTS = {
     "broadcast_object": "objects", "allgather_object": "objects",
     "JaxcacheError": "errors", "MismatchError": "errors", "StallError": "errors",
     "ShutdownError": "errors", "DuplicateNameError": "errors", "CollectiveError": "errors",
+    "InvalidArgumentError": "errors",
     "cuda_built": "devices", "cuda_available": "devices",
     "ProcessSet": "process_sets", "global_process_set": "process_sets",
     "add_process_set": "process_sets", "remove_process_set": "process_sets",

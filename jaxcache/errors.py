@@ -31,12 +31,21 @@ class CollectiveError(JaxcacheError):
     """Any other failure of a collective (invalid argument, MPI error)."""
 
 
+class InvalidArgumentError(CollectiveError, ValueError):
+    """The ranks' arguments together are invalid (splits that do not add up or do not
+    divide the first dimension, a root that has joined, a scatter operand without a block
+    per rank...): raised on every rank once rank 0 has seen them all.
+
+    Also a ValueError, as Horovod raises for bad arguments.
+    """
+
+
 def _classes_by_kind() -> dict[int, type[JaxcacheError]]:
     """Each runtime error kind's class, as the runtime names it (xla_ext/common.h)."""
     from . import protocol
 
     classes = {cls.__name__: cls for cls in (MismatchError, StallError, ShutdownError,
-                                             DuplicateNameError, CollectiveError)}
+                                             DuplicateNameError, CollectiveError, InvalidArgumentError)}
     by_kind = {}
     for kind in protocol.ErrorKind:
         if kind != protocol.ErrorKind.NONE:

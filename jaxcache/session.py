@@ -25,8 +25,10 @@ class Session:
     next_set_id: int = 1
     # (cross_rank, cross_size, is_homogeneous): learned collectively by the bridges' init().
     topology: tuple[int, int, bool] | None = None
-    # Automatic names of the torch bridge's handles not yet synchronized (naming.InFlight):
-    # a new session starts with none, whatever handles an earlier one left unsynchronized.
+    # Names of the torch bridge's handles not yet synchronized (naming.InFlight): automatic
+    # ones, and explicit ones, which stay taken until then (Horovod's rule, also when the
+    # request completed inside the submitting call). A new session starts with none,
+    # whatever handles an earlier one left unsynchronized.
     in_flight: InFlight = dataclasses.field(default_factory=InFlight)
 
 

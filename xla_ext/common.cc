@@ -7,93 +7,43 @@ namespace jaxcache {
 
 std::size_t ElementSize(DType d) {
   switch (d) {
-    case DType::kBool: case DType::kInt8: case DType::kUInt8: return 1;
-    case DType::kInt16: case DType::kUInt16: case DType::kFloat16: case DType::kBFloat16: return 2;
-    case DType::kInt32: case DType::kUInt32: case DType::kFloat32: return 4;
-    case DType::kInt64: case DType::kUInt64: case DType::kFloat64: case DType::kComplex64: return 8;
-    case DType::kComplex128: return 16;
+#define JAXCACHE_DTYPE_SIZE(E, name, bytes) \
+  case DType::k##E: return bytes;
+    JAXCACHE_DTYPES(JAXCACHE_DTYPE_SIZE)
+#undef JAXCACHE_DTYPE_SIZE
   }
   return 0;
 }
 
-// NumPy's names (ml_dtypes' for bfloat16), which torch and TensorFlow share.
-const char* DTypeName(DType d) {
-  switch (d) {
-    case DType::kBool: return "bool";
-    case DType::kInt8: return "int8";
-    case DType::kInt16: return "int16";
-    case DType::kInt32: return "int32";
-    case DType::kInt64: return "int64";
-    case DType::kUInt8: return "uint8";
-    case DType::kUInt16: return "uint16";
-    case DType::kUInt32: return "uint32";
-    case DType::kUInt64: return "uint64";
-    case DType::kFloat16: return "float16";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kFloat32: return "float32";
-    case DType::kFloat64: return "float64";
-    case DType::kComplex64: return "complex64";
-    case DType::kComplex128: return "complex128";
-  }
-  return "unknown";
-}
-
-const char* ErrorKindName(ErrorKind kind) {
-  switch (kind) {
-    case ErrorKind::kNone: return "none";
-    case ErrorKind::kMismatch: return "mismatch";
-    case ErrorKind::kStall: return "stall";
-    case ErrorKind::kShutdown: return "shutdown";
-    case ErrorKind::kDuplicate: return "duplicate";
-    case ErrorKind::kInvalidArgument: return "invalid_argument";
-    case ErrorKind::kInternal: return "internal";
-  }
-  return "unknown";
-}
-
 const char* ErrorClassName(ErrorKind kind) {
   switch (kind) {
-    case ErrorKind::kNone: return "";
-    case ErrorKind::kMismatch: return "MismatchError";
-    case ErrorKind::kStall: return "StallError";
-    case ErrorKind::kShutdown: return "ShutdownError";
-    case ErrorKind::kDuplicate: return "DuplicateNameError";
-    case ErrorKind::kInvalidArgument: return "CollectiveError";
-    case ErrorKind::kInternal: return "CollectiveError";
+#define JAXCACHE_ERROR_CLASS(E, name, cls) \
+  case ErrorKind::k##E: return cls;
+    JAXCACHE_ERROR_KINDS(JAXCACHE_ERROR_CLASS)
+#undef JAXCACHE_ERROR_CLASS
   }
   return "CollectiveError";
 }
 
-const char* ReduceOpName(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kProd: return "prod";
-    case ReduceOp::kAverage: return "average";
-  }
-  return "unknown";
-}
-
-const char* KindName(Kind k) {
-  switch (k) {
-#define JAXCACHE_KIND_NAME(E, name, target) \
-  case Kind::k##E: return name;
-    JAXCACHE_KINDS(JAXCACHE_KIND_NAME)
-#undef JAXCACHE_KIND_NAME
-  }
-  return "unknown";
-}
-
-const char* DeviceName(Device d) {
-  switch (d) {
-    case Device::kCpu: return "cpu";
-    case Device::kCuda: return "cuda";
-  }
-  return "unknown";
-}
-
 bool IsComplex(DType d) { return d == DType::kComplex64 || d == DType::kComplex128; }
+
+bool IsInteger(DType d) {
+  switch (d) {
+    case DType::kBool: case DType::kInt8: case DType::kInt16: case DType::kInt32: case DType::kInt64:
+    case DType::kUInt8: case DType::kUInt16: case DType::kUInt32: case DType::kUInt64:
+      return true;
+    case DType::kFloat16: case DType::kBFloat16: case DType::kFloat32: case DType::kFloat64:
+    case DType::kComplex64: case DType::kComplex128:
+      return false;
+  }
+  return false;
+}
+
+Scaling ScalingOf(ReduceOp op, double prescale, double postscale, DType dtype, int contributors) {
+  if (op != ReduceOp::kAverage) return {prescale, postscale};
+  if (IsInteger(dtype)) return {prescale, postscale / contributors};
+  return {prescale / contributors, postscale};
+}
 
 int64_t TensorSpec::NumElements() const {
   int64_t n = 1;

@@ -8,41 +8,34 @@
 #include <vector>
 
 #include "collectives/kinds.h"
+#include "enums.h"
 
 namespace jaxcache {
 
 // Our own dtype codes: stable across XLA versions and frameworks, and small
-// enough to serialize in one byte.
-enum class DType : uint8_t {
-  kBool = 0, kInt8, kInt16, kInt32, kInt64, kUInt8, kUInt16, kUInt32, kUInt64,
-  kFloat16, kBFloat16, kFloat32, kFloat64, kComplex64, kComplex128,
-};
-// The enumerator counts below let the bindings export every value by its name
-// (DTypeName etc.); extend them with the enum.
-constexpr int kNumDTypes = 15;
+// enough to serialize in one byte. X(Enumerator, NumPy's name (ml_dtypes' for
+// bfloat16, which torch and TensorFlow share), element bytes).
+#define JAXCACHE_DTYPES(X)                                                          \
+  X(Bool, "bool", 1) X(Int8, "int8", 1) X(Int16, "int16", 2) X(Int32, "int32", 4)  \
+  X(Int64, "int64", 8) X(UInt8, "uint8", 1) X(UInt16, "uint16", 2)                 \
+  X(UInt32, "uint32", 4) X(UInt64, "uint64", 8) X(Float16, "float16", 2)           \
+  X(BFloat16, "bfloat16", 2) X(Float32, "float32", 4) X(Float64, "float64", 8)     \
+  X(Complex64, "complex64", 8) X(Complex128, "complex128", 16)
+JAXCACHE_DEFINE_ENUM(DType, JAXCACHE_DTYPES)
 
 // kAverage is a sum divided by the number of ranks that contribute (those that
 // have not joined, see join_state.h); the runtime applies the division.
-enum class ReduceOp : uint8_t { kSum = 0, kMin, kMax, kProd, kAverage };
-constexpr int kNumReduceOps = 5;
+#define JAXCACHE_REDUCE_OPS(X) X(Sum, "sum") X(Min, "min") X(Max, "max") X(Prod, "prod") X(Average, "average")
+JAXCACHE_DEFINE_ENUM(ReduceOp, JAXCACHE_REDUCE_OPS)
 // The collective kinds (collectives/kinds.h lists them; collective.h says what each does).
-#define JAXCACHE_KIND_ENUMERATOR(E, name, target) k##E,
-enum class Kind : uint8_t { JAXCACHE_KINDS(JAXCACHE_KIND_ENUMERATOR) };
-#undef JAXCACHE_KIND_ENUMERATOR
-#define JAXCACHE_KIND_COUNT(E, name, target) +1
-constexpr int kNumKinds = 0 JAXCACHE_KINDS(JAXCACHE_KIND_COUNT);
-#undef JAXCACHE_KIND_COUNT
+JAXCACHE_DEFINE_ENUM(Kind, JAXCACHE_KINDS)
 // Where the submitter's tensors live. The runtime always works on host memory
 // (the CUDA handlers stage through it), but the kind is part of the signature:
 // a CPU array on one rank against a GPU array on another is a user error.
-enum class Device : uint8_t { kCpu = 0, kCuda };
-constexpr int kNumDevices = 2;
+#define JAXCACHE_DEVICES(X) X(Cpu, "cpu") X(Cuda, "cuda")
+JAXCACHE_DEFINE_ENUM(Device, JAXCACHE_DEVICES)
 
 std::size_t ElementSize(DType dtype);
-const char* DTypeName(DType dtype);
-const char* ReduceOpName(ReduceOp op);
-const char* KindName(Kind kind);
-const char* DeviceName(Device device);
 // The operator MPI applies for `op` (an average reduces as a sum).
 inline ReduceOp Reduction(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
 // Rows of a first dimension of `rows` that reducescatter gives rank `rank`:
@@ -51,14 +44,26 @@ int64_t ScatterRows(int64_t rows, int size, int rank);
 // "rank 3" or "ranks 1, 2", for messages.
 std::string RankList(const std::vector<int>& ranks);
 bool IsComplex(DType dtype);
+bool IsInteger(DType dtype);  // bool counts as an integer
+
+// The factors a reduction of `dtype` applies to each operand (pre) and to the
+// result (post): the user's prescale and postscale, with an average's division by
+// the `contributors` folded in -- before the sum for floating types (the sum
+// cannot overflow), after it for integers, which are scaled in double precision
+// and truncated toward zero (Horovod's rule: an average of equal integers is exact).
+struct Scaling {
+  double pre = 1.0, post = 1.0;
+};
+Scaling ScalingOf(ReduceOp op, double prescale, double postscale, DType dtype, int contributors);
 
 // Why a request failed; each kind raises the Python exception class that
 // ErrorClassName names (jaxcache/errors.py defines the classes).
-enum class ErrorKind : uint8_t {
-  kNone = 0, kMismatch, kStall, kShutdown, kDuplicate, kInvalidArgument, kInternal,
-};
-constexpr int kNumErrorKinds = 7;
-const char* ErrorKindName(ErrorKind kind);
+// X(Enumerator, name, Python class).
+#define JAXCACHE_ERROR_KINDS(X)                                                     \
+  X(None, "none", "") X(Mismatch, "mismatch", "MismatchError") X(Stall, "stall", "StallError") \
+  X(Shutdown, "shutdown", "ShutdownError") X(Duplicate, "duplicate", "DuplicateNameError")    \
+  X(InvalidArgument, "invalid_argument", "InvalidArgumentError") X(Internal, "internal", "CollectiveError")
+JAXCACHE_DEFINE_ENUM(ErrorKind, JAXCACHE_ERROR_KINDS)
 const char* ErrorClassName(ErrorKind kind);  // "" for kNone
 
 struct Status {

@@ -9,19 +9,19 @@
 #include <map>
 #include <string>
 
+#include "enums.h"
+
 namespace jaxcache {
 
 // How a setting's environment variable is read (jaxcache/config.py parses them).
-enum class SettingType : uint8_t {
-  kInt = 0, kFloat, kFlag,
-  kInvertedFlag,  // the variable turns the setting off (JAXCACHE_DISABLE_...)
-  kString,
-};
-constexpr int kNumSettingTypes = 5;
+// kInvertedFlag: the variable turns the setting off (JAXCACHE_DISABLE_...).
+#define JAXCACHE_SETTING_TYPES(X) \
+  X(Int, "int") X(Float, "float") X(Flag, "flag") X(InvertedFlag, "inverted_flag") X(String, "string")
+JAXCACHE_DEFINE_ENUM(SettingType, JAXCACHE_SETTING_TYPES)
 // kAgreed: rank 0's value is used on every rank (it shapes the cycle, the MPI
 // calls or the timing, which must match everywhere); kLocal: each rank its own.
-enum class SettingScope : uint8_t { kAgreed = 0, kLocal };
-constexpr int kNumSettingScopes = 2;
+#define JAXCACHE_SETTING_SCOPES(X) X(Agreed, "agreed") X(Local, "local")
+JAXCACHE_DEFINE_ENUM(SettingScope, JAXCACHE_SETTING_SCOPES)
 
 // Every runtime setting, once: field, C++ type, default, how it is read, its
 // environment variable, the smallest value accepted, its scope. The struct

@@ -200,7 +200,7 @@ Task<CycleOutcome> Controller::Cycle(CycleIntent intent) {
     cache_.Touch(bit);
     ++stats_.cache_hits;
     timeline_.NegotiateEnd(req->name);
-    if (!join_.any() && message_.Take(bit, *req)) {
+    if (!join_.any() && message_.Take(bit, *req, comm_.size())) {
       ++stats_.in_cycle_reductions;
       stats_.bytes_reduced += req->sig.NumBytes();
       out.done.push_back(req);

@@ -48,7 +48,7 @@ void CycleMessage::Assign(uint32_t bit, const Signature& sig) {
   if (sig.kind != Kind::kAllreduce || sig.tensors.empty()) return;
   Slot slot;
   slot.op = Reduction(sig.op);
-  slot.average = sig.op == ReduceOp::kAverage;
+  slot.requested = sig.op;
   slot.prescale = sig.prescale;
   slot.postscale = sig.postscale;
   std::size_t bytes = 0;
@@ -85,10 +85,10 @@ bool CycleMessage::Put(uint32_t bit, const Request& req, int size) {
   std::memcpy(at, &bit, 4);
   std::memcpy(at + 4, &slot.bytes, 4);
   char* payload = at + kEntryHeader;
-  const double factor = slot.average ? slot.prescale / size : slot.prescale;
   for (std::size_t t = 0; t < slot.segments.size(); ++t) {
     const Segment& seg = slot.segments[t];
-    CopyScaled(req.inputs[t], payload + seg.offset, seg.count, seg.dtype, factor);
+    const double pre = ScalingOf(slot.requested, slot.prescale, slot.postscale, seg.dtype, size).pre;
+    CopyScaled(req.inputs[t], payload + seg.offset, seg.count, seg.dtype, pre);
   }
   bytes_ += kEntryHeader + slot.bytes;
   return true;
@@ -150,14 +150,15 @@ void CycleMessage::Finish() {
   }
 }
 
-bool CycleMessage::Take(uint32_t bit, Request& req) const {
+bool CycleMessage::Take(uint32_t bit, Request& req, int size) const {
   auto it = std::lower_bound(results_.begin(), results_.end(), std::make_pair(bit, std::size_t{0}));
   if (it == results_.end() || it->first != bit) return false;
   const Slot& slot = slots_[bit];
   const char* payload = reinterpret_cast<const char*>(words_.data()) + it->second;
   for (std::size_t t = 0; t < slot.segments.size(); ++t) {
     const Segment& seg = slot.segments[t];
-    CopyScaled(payload + seg.offset, req.outputs[t], seg.count, seg.dtype, slot.postscale);
+    const double post = ScalingOf(slot.requested, slot.prescale, slot.postscale, seg.dtype, size).post;
+    CopyScaled(payload + seg.offset, req.outputs[t], seg.count, seg.dtype, post);
   }
   return true;
 }

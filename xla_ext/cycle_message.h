@@ -64,8 +64,9 @@ class CycleMessage {
   // After the allreduce: indexes the entries left (every rank's data in).
   void Finish();
   // Copies the reduced data of `bit`, postscaled, to `req`'s outputs; false
-  // when the bit has no complete entry in this cycle.
-  bool Take(uint32_t bit, Request& req) const;
+  // when the bit has no complete entry in this cycle. `size`: the ranks that
+  // contributed (as for Put).
+  bool Take(uint32_t bit, Request& req, int size) const;
 
  private:
   struct Segment {
@@ -76,7 +77,7 @@ class CycleMessage {
   struct Slot {
     uint32_t bytes = 0;  // payload bytes; 0: this bit carries no data
     ReduceOp op = ReduceOp::kSum;  // the operator applied (an average reduces as a sum)
-    bool average = false;
+    ReduceOp requested = ReduceOp::kSum;  // the signature's (ScalingOf)
     double prescale = 1.0, postscale = 1.0;
     std::vector<Segment> segments;  // one per tensor
   };

@@ -150,7 +150,8 @@ Task<> Operations::Allreduce(std::vector<Job>& jobs, const std::vector<std::size
         direct.push_back(item);
         continue;
       }
-      FusionKey key{spec.dtype, sig.op, Prescale(*jobs[ti].request), sig.postscale};
+      const Scaling scaling = ScalingFor(*jobs[ti].request, t);
+      FusionKey key{spec.dtype, sig.op, scaling.pre, scaling.post};
       auto& bucket = buckets[key];
       if (bucket.empty()) key_order.push_back(key);
       bucket.push_back(item);
@@ -209,7 +210,8 @@ Task<> Operations::FusedAllreduce(std::vector<Job>& jobs, const std::vector<Item
   }
   const Request& r0 = *jobs[items[0].job].request;
   const Signature& sig0 = r0.sig;
-  const double prescale = Prescale(r0);  // the same for every item (the fusion key)
+  // The same for every item (the fusion key).
+  const Scaling scaling = ScalingFor(r0, items[0].tensor);
   DType dtype = sig0.tensors[items[0].tensor].dtype;
   std::size_t total = 0;
   for (const Item& it : items) total += it.bytes;
@@ -220,7 +222,7 @@ Task<> Operations::FusedAllreduce(std::vector<Job>& jobs, const std::vector<Item
   std::size_t off = 0;
   for (const Item& it : items) {
     const Request& r = *jobs[it.job].request;
-    CopyScaled(r.inputs[it.tensor], buf + off, it.count, dtype, prescale);
+    CopyScaled(r.inputs[it.tensor], buf + off, it.count, dtype, scaling.pre);
     off += it.bytes;
   }
   PhaseAll(jobs, items, "MEMCPY_IN_FUSION_BUFFER", false);
@@ -232,7 +234,7 @@ Task<> Operations::FusedAllreduce(std::vector<Job>& jobs, const std::vector<Item
   off = 0;
   for (const Item& it : items) {
     Request& r = *jobs[it.job].request;
-    CopyScaled(buf + off, r.outputs[it.tensor], it.count, dtype, sig0.postscale);
+    CopyScaled(buf + off, r.outputs[it.tensor], it.count, dtype, scaling.post);
     off += it.bytes;
   }
   PhaseAll(jobs, items, "MEMCPY_OUT_FUSION_BUFFER", false);
@@ -257,8 +259,8 @@ Task<> Operations::DirectAllreduce(Job& job, const Item& item) {
   timeline_.End(r.name, "MPI_ALLREDUCE");
 }
 
-double Operations::Prescale(const Request& r) const {
-  return r.sig.op == ReduceOp::kAverage ? r.sig.prescale / Contributors(r) : r.sig.prescale;
+Scaling Operations::ScalingFor(const Request& r, std::size_t t) const {
+  return ScalingOf(r.sig.op, r.sig.prescale, r.sig.postscale, r.sig.tensors[t].dtype, Contributors(r));
 }
 
 char* Operations::Output(Request& r, std::size_t t, std::size_t bytes, std::vector<int64_t> shape) {

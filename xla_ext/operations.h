@@ -36,8 +36,9 @@ class Operations {
   Stats& stats() { return stats_; }
   // The ranks whose data counts (those that have not joined).
   int Contributors(const Request& r) const { return r.contributors ? r.contributors : comm_.size(); }
-  // The prescale with the 1/contributors of an average folded in.
-  double Prescale(const Request& r) const;
+  // The factors tensor `t` of `r` is reduced with (ScalingOf: an average's
+  // 1/contributors folded in).
+  Scaling ScalingFor(const Request& r, std::size_t t) const;
   // Where tensor `t`'s result goes: the caller's buffer, or one the executor
   // allocates now that the ranks have agreed on its size.
   char* Output(Request& r, std::size_t t, std::size_t bytes, std::vector<int64_t> shape);

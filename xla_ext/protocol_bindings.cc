@@ -28,25 +28,6 @@ void BindEnum(nb::module_& m, const char* name, const char* doc, int count, cons
   for (int i = 0; i < count; ++i) e.value(MemberName(name_of(static_cast<E>(i))), static_cast<E>(i));
 }
 
-const char* SettingTypeName(SettingType t) {
-  switch (t) {
-    case SettingType::kInt: return "int";
-    case SettingType::kFloat: return "float";
-    case SettingType::kFlag: return "flag";
-    case SettingType::kInvertedFlag: return "inverted_flag";
-    case SettingType::kString: return "string";
-  }
-  return "unknown";
-}
-
-const char* SettingScopeName(SettingScope s) {
-  switch (s) {
-    case SettingScope::kAgreed: return "agreed";
-    case SettingScope::kLocal: return "local";
-  }
-  return "unknown";
-}
-
 // (field, type, default, variable, minimum, scope) for every setting.
 nb::list SettingsTable() {
   const Config defaults;

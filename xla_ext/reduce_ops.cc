@@ -279,6 +279,21 @@ void ScaleReal(const void* in, void* out, int64_t n, double factor) {
   for (; i < n; ++i) b[i] = a[i] * f;
 }
 
+// Integers scale in double precision, truncated toward zero and saturated at
+// the type's limits (Horovod's rule; a float-to-int conversion out of range is
+// undefined behaviour).
+template <typename T>
+void ScaleInteger(const void* in, void* out, int64_t n, double factor) {
+  auto* a = static_cast<const T*>(in);
+  auto* b = static_cast<T*>(out);
+  constexpr double lo = static_cast<double>(std::numeric_limits<T>::lowest());
+  constexpr double hi = static_cast<double>(std::numeric_limits<T>::max());
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = std::trunc(static_cast<double>(a[i]) * factor);
+    b[i] = v <= lo ? std::numeric_limits<T>::lowest() : v >= hi ? std::numeric_limits<T>::max() : static_cast<T>(v);
+  }
+}
+
 void ScaleHalf(bool bf16, const void* in, void* out, int64_t n, double factor) {
   auto* a = static_cast<const uint16_t*>(in);
   auto* b = static_cast<uint16_t*>(out);
@@ -418,10 +433,16 @@ void Scale(const void* in, void* out, int64_t n, DType d, double factor) {
     case DType::kComplex128: return ScaleReal<double>(in, out, 2 * n, factor);
     case DType::kFloat16: return ScaleHalf(false, in, out, n, factor);
     case DType::kBFloat16: return ScaleHalf(true, in, out, n, factor);
-    // Scales other than 1 are refused for integers and bools upstream.
-    case DType::kBool: case DType::kInt8: case DType::kInt16: case DType::kInt32:
-    case DType::kInt64: case DType::kUInt8: case DType::kUInt16: case DType::kUInt32:
-    case DType::kUInt64:
+    case DType::kInt8: return ScaleInteger<int8_t>(in, out, n, factor);
+    case DType::kInt16: return ScaleInteger<int16_t>(in, out, n, factor);
+    case DType::kInt32: return ScaleInteger<int32_t>(in, out, n, factor);
+    case DType::kInt64: return ScaleInteger<int64_t>(in, out, n, factor);
+    case DType::kUInt8: return ScaleInteger<uint8_t>(in, out, n, factor);
+    case DType::kUInt16: return ScaleInteger<uint16_t>(in, out, n, factor);
+    case DType::kUInt32: return ScaleInteger<uint32_t>(in, out, n, factor);
+    case DType::kUInt64: return ScaleInteger<uint64_t>(in, out, n, factor);
+    // Bools only reduce by min or max, unscaled (refused upstream otherwise).
+    case DType::kBool:
       if (in != out) std::memcpy(out, in, n * ElementSize(d));
       return;
   }

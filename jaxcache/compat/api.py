@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..errors import (
     CollectiveError,
+    InvalidArgumentError,
     DuplicateNameError,
     JaxcacheError,
     MismatchError,
@@ -54,5 +55,5 @@ __all__ = [
     "Average", "Sum", "Adasum", "Min", "Max", "Product", "ReduceOp",
     # errors
     "HorovodInternalError", "JaxcacheError", "MismatchError", "StallError", "ShutdownError",
-    "DuplicateNameError", "CollectiveError",
+    "DuplicateNameError", "CollectiveError", "InvalidArgumentError",
 ]

@@ -73,6 +73,14 @@ class InFlight:
             self._taken.add((scope, name))
         return Automatic(name)
 
+    def hold(self, scope: object, name: str) -> bool:
+        """Takes `name` as it is; False when it is taken already."""
+        with self._lock:
+            if (scope, name) in self._taken:
+                return False
+            self._taken.add((scope, name))
+            return True
+
     def release(self, scope: object, name: str) -> None:
         with self._lock:
             self._taken.discard((scope, name))

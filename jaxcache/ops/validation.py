@@ -62,27 +62,22 @@ def as_array(x, fn: str, what: str):
 
 
 def check_reduction(dtype, op: str, prescale: float, postscale: float, fn: str, what: str) -> None:
+    """Integers may be averaged and scaled: in double precision, truncated toward zero
+    (Horovod's rule; the runtime divides an integer average after the sum, so an average
+    of equal integers is exact)."""
     dtype = np.dtype(dtype)
-    floating = jnp.issubdtype(dtype, jnp.inexact)
     if dtype == np.bool_ and op not in ("min", "max"):
         raise TypeError(
             f"jaxcache.{fn}: {what} is bool; only op='min' (logical and) or 'max' (logical or) "
             f"apply to bool, not {op!r}"
-        )
-    if op == "average" and not floating:
-        raise TypeError(
-            f"jaxcache.{fn}: op='average' needs a floating or complex dtype but {what} is {dtype}; "
-            "use op='sum' and divide, or cast first"
         )
     if op in ("min", "max") and jnp.issubdtype(dtype, jnp.complexfloating):
         raise TypeError(f"jaxcache.{fn}: op={op!r} is undefined for complex {what} ({dtype})")
     for label, value in (("prescale", prescale), ("postscale", postscale)):
         if not isinstance(value, (int, float, np.floating, np.integer)) or not np.isfinite(value):
             raise ValueError(f"jaxcache.{fn}: {label} must be a finite number, got {value!r}")
-        if value != 1.0 and not floating:
-            raise TypeError(
-                f"jaxcache.{fn}: {label}={value} needs a floating or complex dtype but {what} is {dtype}"
-            )
+        if value != 1.0 and dtype == np.bool_:
+            raise TypeError(f"jaxcache.{fn}: {label}={value} cannot scale bool {what}")
 
 
 def check_root(root, size: int, fn: str) -> int:

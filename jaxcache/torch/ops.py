@@ -31,7 +31,7 @@ from .. import session as _session
 from .. import submit as _submit
 from ..compat import process_sets, reduce_ops
 from ..compat.process_sets import Resolved, global_process_set
-from ..errors import raise_for_status
+from ..errors import DuplicateNameError, raise_for_status
 from ..ops import naming, validation
 from ..protocol import DTYPE_NAMES, NUMPY_BY_DTYPE, Device, DType, ErrorKind, Kind
 from ..ops.reducescatter import scatter_rows
@@ -190,8 +190,8 @@ class Handle:
         self._targets = targets  # the caller's tensors (for device moves and version bumps)
         self._copy_back = copy_back  # [(original, staging buffer)] for in-place fallbacks
         self._auto = auto
-        # The session's automatic names, which hold this one until synchronize().
-        self._names = _session.current("a torch collective").in_flight if auto else None
+        # The session's names in flight, which hold this one until synchronize().
+        self._names = _session.current("a torch collective").in_flight
         self._single = single
         self._bump = bump
         self._done = False
@@ -274,9 +274,10 @@ def _started(handle: Handle) -> Handle:
     return handle
 
 
-def _discard_auto(name: str, auto_name: bool, set_id: int) -> None:
+def _discard_name(name: str, set_id: int) -> None:
+    """Frees the name of a submission that failed before it had a handle."""
     session = _session.peek()
-    if auto_name and session is not None:
+    if session is not None:
         session.in_flight.release(set_id, name)
 
 
@@ -335,7 +336,7 @@ def submit(kind: int, name: str, tensors: Sequence[torch.Tensor], *, inplace: bo
                                 postscale=postscale, root=root, device=_device_kind(tensors),
                                 process_set=ps.id, refuse_duplicate=not auto_name)
     except BaseException:
-        _discard_auto(name, auto_name, ps.id)
+        _discard_name(name, ps.id)
         raise
     return _started(Handle(name, pending, results, tensors, copy_back, auto_name,
                            single, bump and inplace, kind, ps))
@@ -359,7 +360,7 @@ def submit_allocated(kind: int, name: str, tensors: Sequence[torch.Tensor], *, s
                                           device=_device_kind(tensors), process_set=ps.id,
                                           refuse_duplicate=not auto_name)
     except BaseException:
-        _discard_auto(name, auto_name, ps.id)
+        _discard_name(name, ps.id)
         raise
     handle = _AllocatedHandle(name, pending, [], tensors, None, auto_name, single, False, kind, ps)
     handle._splits_dtype = splits_dtype
@@ -429,6 +430,10 @@ def _name_or_auto(name, kind: str, fn: str, ps: Resolved) -> tuple[str, bool]:
     check_name(name, fn)
     if name is None:
         return _auto_name(kind, ps.id), True
+    if not _session.current("a torch collective").in_flight.hold(ps.id, name):
+        raise DuplicateNameError(
+            f"jaxcache.torch.{fn}: a collective named {name!r} is already in flight on this rank; an "
+            "explicitly named request must be synchronized before the name is used again")
     return name, False
 
 
@@ -510,8 +515,9 @@ def alltoall_submit(tensor, splits, name, fn: str, ps: Resolved) -> Handle:
     if isinstance(splits, torch.Tensor):
         if splits.dim() != 1 or splits.dtype.is_floating_point or splits.dtype.is_complex \
                 or splits.dtype == torch.bool:
-            raise TypeError(f"jaxcache.torch.{fn}: splits must be a 1-D integer tensor, got "
-                            f"{splits.dtype}{list(splits.shape)}")
+            # A ValueError, as Horovod raises for splits of another dtype.
+            raise ValueError(f"jaxcache.torch.{fn}: splits must be a 1-D integer tensor, got "
+                             f"{splits.dtype}{list(splits.shape)}")
         splits_dtype = splits.dtype  # Horovod: the received splits have the splits' dtype
         splits = splits.tolist()
     counts = None if splits is None else validation.check_splits(splits, f"torch.{fn}")

@@ -75,6 +75,8 @@ class _DistributedMixin:
 
         all_params = [p for group in self.param_groups for p in group["params"]]
         names = self._jc_names(all_params, named_parameters, fn)
+        # Horovod's attribute, which user code reads: {parameter: name}.
+        self._parameter_names = {p: names[id(p)] for p in all_params}
         params = [p for p in all_params if p.requires_grad]
         for p in params:
             what = f"parameter {names[id(p)]!r}"
@@ -393,6 +395,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                         f"{type(optimizer).__name__}")
     if isinstance(optimizer, _DistributedMixin):
         raise ValueError("jaxcache.torch.DistributedOptimizer: this optimizer is already distributed")
+    # The names are checked before the runtime is asked for, as Horovod checks them.
+    if named_parameters is not None:
+        try:
+            named_parameters = list(named_parameters)
+        except TypeError:
+            pass  # _jc_names says what it expects
+    _DistributedMixin._jc_names([p for g in optimizer.param_groups for p in g["params"]], named_parameters,
+                                "DistributedOptimizer")
     _runtime.require_initialized("jaxcache.torch.DistributedOptimizer")
     if num_groups:
         warnings.warn("jaxcache.torch.DistributedOptimizer: num_groups is deprecated (as in Horovod); "

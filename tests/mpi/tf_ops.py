@@ -152,8 +152,10 @@ def raises(exc, pattern, fn, *args, **kwargs):
 raises(TypeError, r"tensor must be a tf.Tensor, tf.Variable, tf.IndexedSlices or np.ndarray, got list",
        jctf.allreduce, [1.0, 2.0])
 raises(TypeError, r"tensor 'w' has unsupported dtype string", jctf.allreduce, tf.constant(["a"]), name="w")
-raises(TypeError, r"op='average' needs a floating .* tensor 'n' is int32", jctf.allreduce,
-       tf.constant([1, 2]), name="n")
+# Integers average as Horovod does: sum, then times 1/size in double precision, truncated.
+every = np.stack([np.array([7, -7, 5, 101], np.int32) + 3 * r for r in range(SIZE)]).astype(np.float64)
+got = jctf.allreduce(tf.constant(every[RANK].astype(np.int32)), name="n").numpy()
+assert got.dtype == np.int32 and np.array_equal(got, np.trunc(every.sum(0) * (1.0 / SIZE)).astype(np.int32)), got
 raises(ValueError, r"op must be one of", jctf.allreduce, tf.ones(2), op="avg")
 raises(ValueError, r"root=%d is outside \[0, %d\)" % (SIZE, SIZE), jctf.broadcast, tf.ones(2), root_rank=SIZE)
 raises(ValueError, r"root=%d is outside" % SIZE, jctf.broadcast_variables, vs, root_rank=SIZE)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+import time
 import warnings
 
+import numpy as np
 import torch
 from _util import COMM, done
 
@@ -13,6 +15,15 @@ import jaxcache.torch as jct
 from jaxcache.torch import ops as tops
 
 warnings.filterwarnings("ignore", message="ComplexHalf")
+# DistributedOptimizer checks its arguments before it needs the runtime, as Horovod does.
+_net = torch.nn.Linear(2, 2)
+try:
+    jct.DistributedOptimizer(torch.optim.SGD(_net.parameters(), lr=0.1),
+                             named_parameters=[("w", _net.weight), ("w", _net.bias)])
+except ValueError as e:
+    assert "duplicate parameter name 'w'" in str(e), e
+else:
+    raise AssertionError("duplicate parameter names accepted before init()")
 jct.init()
 RANK, SIZE = jct.rank(), jct.size()
 
@@ -45,11 +56,27 @@ raises(TypeError, r"unsupported dtype torch.complex32", jct.allgather, torch.one
 if hasattr(torch, "float8_e4m3fn"):
     raises(TypeError, r"tensor 'f8' has unsupported dtype torch.float8_e4m3fn", jct.allreduce,
            torch.zeros(2).to(torch.float8_e4m3fn), name="f8")
-raises(TypeError, r"op='average' needs a floating .* tensor 'counts' is int32", jct.allreduce, ints,
-       name="counts")
-raises(TypeError, r"tensors\[1\] of 'g' .* int32", jct.grouped_allreduce, [x, ints], name="g")
 raises(TypeError, r"bool; only op='min'", jct.allreduce, torch.ones(2, dtype=torch.bool), op="sum")
-raises(TypeError, r"prescale=0.5 needs a floating", jct.allreduce, ints, op="sum", prescale=0.5)
+raises(TypeError, r"prescale=0.5 cannot scale bool", jct.allreduce, torch.ones(2, dtype=torch.bool), op="max",
+       prescale=0.5)
+
+
+# Integers average and scale as Horovod does them: in double precision, truncated toward zero,
+# an average divided after the sum (so the average of equal integers is exact).
+def int_operand(r: int) -> torch.Tensor:
+    return torch.tensor([7, -7, 5, 101, -3], dtype=torch.int32) + 3 * r
+
+
+every = np.stack([int_operand(r).numpy() for r in range(SIZE)]).astype(np.float64)
+mine = int_operand(RANK)
+for got, want in (
+        (jct.allreduce(mine, name="counts"), np.trunc(every.sum(0) * (1.0 / SIZE))),
+        (jct.allreduce(mine, op=jct.Sum, prescale_factor=0.5, postscale_factor=3.0),
+         np.trunc(np.trunc(every * 0.5).sum(0) * 3.0)),
+        (jct.grouped_allreduce([x, mine], name="g")[1], np.trunc(every.sum(0) * (1.0 / SIZE))),
+        (jct.allreduce(int_operand(0), name="equal"), int_operand(0).numpy())):
+    assert got.dtype == torch.int32 and np.array_equal(got.numpy(), want.astype(np.int32)), (got, want)
+    assert len({g.tobytes() for g in COMM.allgather(got.numpy())}) == 1
 raises(ValueError, r"op must be one of .*'mean'", jct.allreduce, x, op="mean")
 raises(ValueError, r"root=%d is outside \[0, %d\)" % (SIZE, SIZE), jct.broadcast, x, root_rank=SIZE)
 raises(ValueError, r"root=-1 is outside", jct.broadcast_, x, root_rank=-1)
@@ -65,6 +92,15 @@ raises(ValueError, r"parameter name 'w' appears twice", jct.broadcast_parameters
 raises(TypeError, r"expected a torch.optim.Optimizer, got Linear", jct.broadcast_optimizer_state,
        torch.nn.Linear(2, 2))
 
+# An explicit name stays taken until its handle is synchronized, also when the request completed
+# inside the submitting call (Horovod's rule).
+held = jct.allreduce_async(x, op="sum", name="held")
+while not held.poll():
+    time.sleep(0.001)
+raises(ValueError, r"'held' is already in flight on this rank", jct.allreduce_async, x, op="sum", name="held")
+assert np.array_equal(jct.synchronize(held).numpy(), np.full(3, SIZE, np.float32))
+assert np.array_equal(jct.allreduce(x, op="sum", name="held").numpy(), np.full(3, SIZE, np.float32))
+
 # --- DistributedOptimizer ---------------------------------------------------------------------------
 model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
 params = list(model.named_parameters())
@@ -75,6 +111,9 @@ def opt():
 
 
 raises(TypeError, r"expected a torch.optim.Optimizer, got Sequential", jct.DistributedOptimizer, model)
+_dist = jct.DistributedOptimizer(opt(), named_parameters=params)
+assert {name: p for p, name in _dist._parameter_names.items()} == dict(params)  # Horovod's attribute
+_dist.remove_hooks()
 raises(ValueError, r"duplicate parameter name '0.weight'", jct.DistributedOptimizer, opt(),
        named_parameters=[params[0], ("0.weight", params[1][1])] + params[2:])
 raises(ValueError, r"same parameter appears twice.*'0.weight' and 'alias'", jct.DistributedOptimizer,

@@ -338,7 +338,11 @@ elif scenario == "errors":
     expect_error(lambda: jc.reducescatter(jnp.float32(1)), ValueError, "scalar")
     expect_error(lambda: jc.alltoall(jnp.ones(size), splits=[-1] + [1] * size), ValueError, "negative")
     expect_error(lambda: jc.alltoall(jnp.ones(size), splits="ab"), TypeError, "splits")
-    expect_error(lambda: jc.reducescatter(jnp.ones(size, jnp.int32), "average"), TypeError, "average")
+    # Integers average as in Horovod: the sum times 1/size in double precision, truncated.
+    odd = jnp.array([7, -7, 5, 101] * size, jnp.int32) + rank
+    want = np.trunc(sum(np.array([7, -7, 5, 101] * size, np.float64) + r for r in range(size)) * (1.0 / size))
+    got = jc.reducescatter(odd, "average")
+    assert got.dtype == jnp.int32 and np.array_equal(np.asarray(got), want[rank * 4:(rank + 1) * 4]), got
     healthy("end")
 
 elif scenario == "data-paths":

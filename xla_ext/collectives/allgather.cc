@@ -9,6 +9,7 @@ namespace {
 
 class Allgather final : public Collective {
  public:
+  Allgather() : Collective({.agreed_sizes = true, .mpi_phase = "MPI_ALLGATHER"}) {}
   // Agreement: rows[t * size + r] = rank r's first dimension of tensor t.
   Status Decide(const Checker& c, Agreement* agreement) const override {
     bool any_static = false;
@@ -27,8 +28,6 @@ class Allgather final : public Collective {
   std::size_t ResultBytes(const Signature&, const TensorSpec& spec, int, int size) const override {
     return spec.NumBytes() * size;
   }
-  bool AgreedSizes() const override { return true; }
-  bool InPlace() const override { return false; }
   std::string JoinConflict(const Signature&, const Agreement* agreement, const std::vector<bool>&,
                            const std::string& who) const override {
     if (!agreement || !agreement->static_shapes) return "";
@@ -40,7 +39,6 @@ class Allgather final : public Collective {
   void StandInTensor(const Signature&, const TensorSpec&, int, int, StandInRequest& s) const override {
     StandInNothing(s);
   }
-  const char* MpiPhase() const override { return "MPI_ALLGATHER"; }
 
   Task<> Execute(Operations& ops, Request& r, std::size_t t) const override {
     const TensorSpec& spec = r.sig.tensors[t];
@@ -72,9 +70,6 @@ class Allgather final : public Collective {
 
 }  // namespace
 
-const Collective& AllgatherCollective() {
-  static const Allgather collective;
-  return collective;
-}
+JAXCACHE_DEFINE_COLLECTIVE(Allgather)
 
 }  // namespace jaxcache

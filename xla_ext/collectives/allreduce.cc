@@ -11,12 +11,7 @@ namespace {
 
 class Allreduce final : public ElementwiseReduction {
  public:
-  Status Decide(const Checker& c, Agreement*) const override {
-    JAXCACHE_RETURN_IF_ERROR(c.Reduction());
-    return c.Tensors();
-  }
-  const char* MpiPhase() const override { return "MPI_ALLREDUCE"; }
-  bool Fused() const override { return true; }
+  Allreduce() : ElementwiseReduction({.fused = true, .mpi_phase = "MPI_ALLREDUCE"}) {}
 
   // One tensor reduced in its result buffer. In-place MPI is markedly faster
   // than separate buffers (MPICH copies the send buffer itself), and the copy
@@ -24,7 +19,7 @@ class Allreduce final : public ElementwiseReduction {
   Task<> Execute(Operations& ops, Request& r, std::size_t t) const override {
     const DType dtype = r.sig.tensors[t].dtype;
     const ReduceOp op = r.sig.op;
-    co_await ReduceByChunks(ops, r, t, ops.Prescale(r), true, [&ops, dtype, op](char* chunk, int n) {
+    co_await ReduceByChunks(ops, r, t, ops.ScalingFor(r, t), [&ops, dtype, op](char* chunk, int n) {
       return ops.comm().AllreduceData(chunk, chunk, n, dtype, op);
     });
   }
@@ -32,9 +27,6 @@ class Allreduce final : public ElementwiseReduction {
 
 }  // namespace
 
-const Collective& AllreduceCollective() {
-  static const Allreduce collective;
-  return collective;
-}
+JAXCACHE_DEFINE_COLLECTIVE(Allreduce)
 
 }  // namespace jaxcache

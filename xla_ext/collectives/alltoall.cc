@@ -17,6 +17,7 @@ std::string Join(const std::vector<int64_t>& v) {
 
 class Alltoall final : public RowMovement {
  public:
+  Alltoall() : RowMovement({.agreed_sizes = true, .mpi_phase = "MPI_ALLTOALL"}) {}
   // Agreement: rows[s * size + d] = rows rank s sends to rank d.
   Status Decide(const Checker& c, Agreement* agreement) const override {
     if (c.first().tensors.size() != 1)
@@ -82,12 +83,10 @@ class Alltoall final : public RowMovement {
     return bad;
   }
   std::size_t ResultBytes(const Signature&, const TensorSpec& spec, int, int) const override { return spec.NumBytes(); }
-  bool AgreedSizes() const override { return true; }
   std::string JoinConflict(const Signature&, const Agreement*, const std::vector<bool>&,
                            const std::string& who) const override {
     return "cannot run while " + who + " joined: the rows sent to a joined rank would be lost";
   }
-  const char* MpiPhase() const override { return "MPI_ALLTOALL"; }
 
   Task<> Execute(Operations& ops, Request& r, std::size_t t) const override {
     const TensorSpec& spec = r.sig.tensors[t];
@@ -115,9 +114,6 @@ class Alltoall final : public RowMovement {
 
 }  // namespace
 
-const Collective& AlltoallCollective() {
-  static const Alltoall collective;
-  return collective;
-}
+JAXCACHE_DEFINE_COLLECTIVE(Alltoall)
 
 }  // namespace jaxcache

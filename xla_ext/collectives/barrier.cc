@@ -9,9 +9,6 @@ class Barrier final : public Tensorless {};
 
 }  // namespace
 
-const Collective& BarrierCollective() {
-  static const Barrier collective;
-  return collective;
-}
+JAXCACHE_DEFINE_COLLECTIVE(Barrier)
 
 }  // namespace jaxcache

@@ -9,12 +9,8 @@ namespace {
 
 class Broadcast final : public Collective {
  public:
-  Status Decide(const Checker& c, Agreement*) const override {
-    JAXCACHE_RETURN_IF_ERROR(c.Root());
-    return c.Tensors();
-  }
+  Broadcast() : Collective({.checks_root = true, .in_place = true, .mpi_phase = "MPI_BCAST"}) {}
   std::size_t ResultBytes(const Signature&, const TensorSpec& spec, int, int) const override { return spec.NumBytes(); }
-  bool InPlace() const override { return true; }
   std::string JoinConflict(const Signature& sig, const Agreement*, const std::vector<bool>& joined,
                            const std::string&) const override {
     return RootJoined(sig, joined, "has no data to send");
@@ -26,7 +22,6 @@ class Broadcast final : public Collective {
     s.request->inputs.push_back(p);
     s.request->outputs.push_back(p);
   }
-  const char* MpiPhase() const override { return "MPI_BCAST"; }
 
   // Root copies its operand into its result, which every rank then receives in place.
   Task<> Execute(Operations& ops, Request& r, std::size_t t) const override {
@@ -41,9 +36,6 @@ class Broadcast final : public Collective {
 
 }  // namespace
 
-const Collective& BroadcastCollective() {
-  static const Broadcast collective;
-  return collective;
-}
+JAXCACHE_DEFINE_COLLECTIVE(Broadcast)
 
 }  // namespace jaxcache

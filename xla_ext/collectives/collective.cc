@@ -24,6 +24,13 @@ const Collective& CollectiveOf(Kind kind) {
   throw std::logic_error("jaxcache: no collective for kind " + std::to_string(static_cast<int>(kind)));
 }
 
+Status Collective::Decide(const Checker& c, Agreement*) const {
+  if (traits_.checks_root) JAXCACHE_RETURN_IF_ERROR(c.Root());
+  if (traits_.checks_reduction) JAXCACHE_RETURN_IF_ERROR(c.Reduction());
+  if (traits_.splits_rows) JAXCACHE_RETURN_IF_ERROR(c.NotScalars());
+  return c.Tensors();
+}
+
 void StandInIdentity(const Signature& sig, const TensorSpec& t, StandInRequest& s) {
   s.buffers.push_back(OutputStore::Allocate(t.NumBytes(), t.shape));
   char* p = s.buffers.back().data.get();
@@ -37,8 +44,7 @@ void StandInNothing(StandInRequest& s) {
   s.request->outputs.push_back(nullptr);
 }
 
-Task<> ReduceByChunks(Operations& ops, Request& r, std::size_t t, double prescale, bool postscale,
-                      ChunkReduction reduce) {
+Task<> ReduceByChunks(Operations& ops, Request& r, std::size_t t, Scaling scaling, ChunkReduction reduce) {
   const TensorSpec& spec = r.sig.tensors[t];
   const DType dtype = spec.dtype;
   const std::size_t esize = ElementSize(dtype);
@@ -51,9 +57,9 @@ Task<> ReduceByChunks(Operations& ops, Request& r, std::size_t t, double prescal
   for (int64_t off = 0; off < count; off += step) {
     const int n = static_cast<int>(std::min(step, count - off));
     char* o = out + off * esize;
-    CopyScaled(in + off * esize, o, n, dtype, prescale);
+    CopyScaled(in + off * esize, o, n, dtype, scaling.pre);
     co_await reduce(o, n);
-    if (postscale && r.sig.postscale != 1.0) Scale(o, o, n, dtype, r.sig.postscale);
+    if (scaling.post != 1.0) Scale(o, o, n, dtype, scaling.post);
   }
 }
 

@@ -72,26 +72,48 @@ struct StandInRequest {
   std::vector<OutputStore::Buffer> buffers;
 };
 
+// What a kind is, as opposed to what it does: read by the generic parts.
+struct Traits {
+  // The checks the default Decide makes, in this order, before the tensors'
+  // dtypes and shapes (Checker::Tensors).
+  bool checks_root = false;       // Checker::Root
+  bool checks_reduction = false;  // Checker::Reduction
+  bool splits_rows = false;       // Checker::NotScalars
+  // The result overwrites the operand (a CUDA handler stages both in one region).
+  bool in_place = false;
+  // Result sizes follow from every rank's rows (allgather, alltoall): a
+  // submitter that sized them (XLA, eager outputs) needs equal shapes on every
+  // rank (Signature::static_shapes); otherwise the executor allocates them.
+  bool agreed_sizes = false;
+  // Executed together with every other such request of the cycle, small
+  // tensors fused (allreduce); otherwise request by request, tensor by tensor.
+  bool fused = false;
+  // The timeline phase of its MPI work; null when the negotiation was all of
+  // it (barrier, join): Execute is then never called.
+  const char* mpi_phase = nullptr;
+};
+
 class Collective {
  public:
+  explicit Collective(const Traits& traits) : traits_(traits) {}
   virtual ~Collective() = default;
+
+  bool InPlace() const { return traits_.in_place; }
+  bool AgreedSizes() const { return traits_.agreed_sizes; }
+  bool Fused() const { return traits_.fused; }
+  const char* MpiPhase() const { return traits_.mpi_phase; }
 
   // --- negotiation (rank 0) ---
   // Checks what the ranks must agree on beyond the kind, the device and the
-  // number of tensors (checked for every kind). A kind with AgreedSizes()
-  // fills `agreement` with every rank's rows.
-  virtual Status Decide(const Checker& c, Agreement* agreement) const = 0;
+  // number of tensors (checked for every kind): by default the traits' checks,
+  // then the tensors. A kind with agreed sizes fills `agreement` with every
+  // rank's rows.
+  virtual Status Decide(const Checker& c, Agreement* agreement) const;
 
   // --- results ---
   // Bytes of the result of tensor `spec` of `sig` on `rank` of `size` when every rank
   // has the same shapes (what a result sized by the submitter must hold).
   virtual std::size_t ResultBytes(const Signature& sig, const TensorSpec& spec, int rank, int size) const = 0;
-  // Result sizes follow from every rank's rows (allgather, alltoall): a
-  // submitter that sized them (XLA, eager outputs) needs equal shapes on every
-  // rank (Signature::static_shapes); otherwise the executor allocates them.
-  virtual bool AgreedSizes() const { return false; }
-  // The result overwrites the operand (a CUDA handler stages both in one region).
-  virtual bool InPlace() const = 0;
 
   // --- join (join_state.h) ---
   // Why the collective cannot run while the ranks marked in `joined` have
@@ -104,14 +126,11 @@ class Collective {
                              StandInRequest& s) const = 0;
 
   // --- execution (operations.h) ---
-  // The timeline phase of its MPI work; null when the negotiation was all of
-  // it (barrier, join): Execute is then never called.
-  virtual const char* MpiPhase() const = 0;
-  // Executed together with every other such request of the cycle, small
-  // tensors fused (allreduce); otherwise request by request, tensor by tensor.
-  virtual bool Fused() const { return false; }
   // Moves tensor `t` of `r`. Every rank makes the same MPI calls in the same order.
   virtual Task<> Execute(Operations& ops, Request& r, std::size_t t) const = 0;
+
+ private:
+  Traits traits_;
 };
 
 // Pieces several kinds share.
@@ -124,21 +143,20 @@ void StandInNothing(StandInRequest& s);
 std::string RootJoined(const Signature& sig, const std::vector<bool>& joined, const char* lost);
 
 // The reductions' in-place pattern, chunk by chunk (at most JAXCACHE_CHUNK_BYTES): tensor
-// t's operand is copied into its result multiplied by `prescale`, `reduce(chunk, n)` reduces
-// that chunk in place, and with `postscale` it is scaled by sig.postscale -- each step while
-// the chunk is in cache.
+// t's operand is copied into its result multiplied by scaling.pre, `reduce(chunk, n)` reduces
+// that chunk in place, and it is multiplied by scaling.post -- each step while the chunk is
+// in cache.
 using ChunkReduction = std::function<Task<>(char* chunk, int n)>;
-Task<> ReduceByChunks(Operations& ops, Request& r, std::size_t t, double prescale, bool postscale,
-                      ChunkReduction reduce);
+Task<> ReduceByChunks(Operations& ops, Request& r, std::size_t t, Scaling scaling, ChunkReduction reduce);
 
 // A reduction whose result has its operand's shape (allreduce, reduce, scan): a rank that
 // has joined contributes the identity.
 class ElementwiseReduction : public Collective {
  public:
+  explicit ElementwiseReduction(Traits traits) : Collective(WithReduction(traits)) {}
   std::size_t ResultBytes(const Signature&, const TensorSpec& spec, int, int) const override {
     return spec.NumBytes();
   }
-  bool InPlace() const override { return true; }
   std::string JoinConflict(const Signature&, const Agreement*, const std::vector<bool>&,
                            const std::string&) const override {
     return "";
@@ -146,13 +164,19 @@ class ElementwiseReduction : public Collective {
   void StandInTensor(const Signature& sig, const TensorSpec& t, int, int, StandInRequest& s) const override {
     StandInIdentity(sig, t, s);
   }
+
+ private:
+  static Traits WithReduction(Traits t) {
+    t.checks_reduction = t.in_place = true;
+    return t;
+  }
 };
 
 // A collective that moves rows between ranks and cannot run while one has joined
 // (alltoall, gather, scatter): its result is separate from its operand.
 class RowMovement : public Collective {
  public:
-  bool InPlace() const override { return false; }
+  using Collective::Collective;
   void StandInTensor(const Signature&, const TensorSpec&, int, int, StandInRequest& s) const override {
     StandInNothing(s);
   }
@@ -161,19 +185,25 @@ class RowMovement : public Collective {
 // A collective without tensors whose negotiation is all of it (barrier, join).
 class Tensorless : public Collective {
  public:
-  Status Decide(const Checker& c, Agreement*) const override { return c.Tensors(); }
+  Tensorless() : Collective({.in_place = true}) {}
   std::size_t ResultBytes(const Signature&, const TensorSpec&, int, int) const override { return 0; }
-  bool InPlace() const override { return true; }
   std::string JoinConflict(const Signature&, const Agreement*, const std::vector<bool>&,
                            const std::string&) const override {
     return "";
   }
   void StandInTensor(const Signature&, const TensorSpec&, int, int, StandInRequest&) const override {}
-  const char* MpiPhase() const override { return nullptr; }
   Task<> Execute(Operations&, Request&, std::size_t) const override { co_return; }
 };
 
 // The definition of `kind` (collectives/<name>.cc).
 const Collective& CollectiveOf(Kind kind);
+
+// Defines <Class>Collective(), the accessor kinds.h names for Class (in
+// namespace jaxcache, outside the file's anonymous namespace).
+#define JAXCACHE_DEFINE_COLLECTIVE(Class) \
+  const Collective& Class##Collective() { \
+    static const Class collective;        \
+    return collective;                    \
+  }
 
 }  // namespace jaxcache

@@ -12,10 +12,7 @@ namespace {
 
 class Gather final : public RowMovement {
  public:
-  Status Decide(const Checker& c, Agreement*) const override {
-    JAXCACHE_RETURN_IF_ERROR(c.Root());
-    return c.Tensors();
-  }
+  Gather() : RowMovement({.checks_root = true, .mpi_phase = "MPI_GATHER"}) {}
   std::size_t ResultBytes(const Signature& sig, const TensorSpec& spec, int rank, int size) const override {
     return rank == sig.root ? spec.NumBytes() * size : spec.NumBytes();
   }
@@ -23,7 +20,6 @@ class Gather final : public RowMovement {
                            const std::string& who) const override {
     return "cannot run while " + who + " joined: root's result has a block for every rank";
   }
-  const char* MpiPhase() const override { return "MPI_GATHER"; }
 
   Task<> Execute(Operations& ops, Request& r, std::size_t t) const override {
     Comm& comm = ops.comm();
@@ -57,9 +53,6 @@ class Gather final : public RowMovement {
 
 }  // namespace
 
-const Collective& GatherCollective() {
-  static const Gather collective;
-  return collective;
-}
+JAXCACHE_DEFINE_COLLECTIVE(Gather)
 
 }  // namespace jaxcache

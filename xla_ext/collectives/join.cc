@@ -10,9 +10,6 @@ class Join final : public Tensorless {};
 
 }  // namespace
 
-const Collective& JoinCollective() {
-  static const Join collective;
-  return collective;
-}
+JAXCACHE_DEFINE_COLLECTIVE(Join)
 
 }  // namespace jaxcache

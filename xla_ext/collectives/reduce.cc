@@ -12,16 +12,11 @@ namespace {
 
 class Reduce final : public ElementwiseReduction {
  public:
-  Status Decide(const Checker& c, Agreement*) const override {
-    JAXCACHE_RETURN_IF_ERROR(c.Root());
-    JAXCACHE_RETURN_IF_ERROR(c.Reduction());
-    return c.Tensors();
-  }
+  Reduce() : ElementwiseReduction({.checks_root = true, .mpi_phase = "MPI_REDUCE"}) {}
   std::string JoinConflict(const Signature& sig, const Agreement*, const std::vector<bool>& joined,
                            const std::string&) const override {
     return RootJoined(sig, joined, "would not receive the result");
   }
-  const char* MpiPhase() const override { return "MPI_REDUCE"; }
 
   // Root reduces into its result in place (its operand copied and prescaled
   // there first); the others send their operand (prescaled into scratch when
@@ -37,9 +32,9 @@ class Reduce final : public ElementwiseReduction {
     ops.stats().bytes_reduced += spec.NumBytes();
     MPI_Datatype type = MpiDatatype(dtype);
     MPI_Op op = MpiOp(dtype, Reduction(sig.op));
-    const double prescale = ops.Prescale(r);
+    const Scaling scaling = ops.ScalingFor(r, t);
     if (comm.rank() == root) {
-      co_await ReduceByChunks(ops, r, t, prescale, true, [&comm, type, op, root](char* chunk, int n) {
+      co_await ReduceByChunks(ops, r, t, scaling, [&comm, type, op, root](char* chunk, int n) {
         return comm.Run("MPI_Ireduce", [&comm, type, op, root, chunk, n](MPI_Request* req) {
           return MPI_Ireduce(MPI_IN_PLACE, chunk, n, type, op, root, comm.handle(), req);
         });
@@ -51,14 +46,14 @@ class Reduce final : public ElementwiseReduction {
     const char* in = static_cast<const char*>(r.inputs[t]);
     char* out = static_cast<char*>(r.outputs[t]);
     const int64_t step = comm.ChunkCount(esize);
-    char* scaled = prescale == 1.0 ? nullptr : ops.Scratch(std::min(step, count) * esize);
+    char* scaled = scaling.pre == 1.0 ? nullptr : ops.Scratch(std::min(step, count) * esize);
     if (in != out) CopyScaled(in, out, count, dtype, 1.0);
     ++ops.stats().mpi_calls;
     for (int64_t off = 0; off < count; off += step) {
       const int n = static_cast<int>(std::min(step, count - off));
       const char* send = out + off * esize;
       if (scaled) {
-        Scale(send, scaled, n, dtype, prescale);
+        Scale(send, scaled, n, dtype, scaling.pre);
         send = scaled;
       }
       co_await comm.Run("MPI_Ireduce", [&](MPI_Request* req) {
@@ -70,9 +65,6 @@ class Reduce final : public ElementwiseReduction {
 
 }  // namespace
 
-const Collective& ReduceCollective() {
-  static const Reduce collective;
-  return collective;
-}
+JAXCACHE_DEFINE_COLLECTIVE(Reduce)
 
 }  // namespace jaxcache

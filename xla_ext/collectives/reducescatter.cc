@@ -67,15 +67,11 @@ Task<> Pairwise(Operations& ops, const void* in, void* out, const std::vector<in
 
 class Reducescatter final : public Collective {
  public:
-  Status Decide(const Checker& c, Agreement*) const override {
-    JAXCACHE_RETURN_IF_ERROR(c.Reduction());
-    JAXCACHE_RETURN_IF_ERROR(c.NotScalars());
-    return c.Tensors();
-  }
+  Reducescatter()
+      : Collective({.checks_reduction = true, .splits_rows = true, .mpi_phase = "MPI_REDUCESCATTER"}) {}
   std::size_t ResultBytes(const Signature&, const TensorSpec& spec, int rank, int size) const override {
     return ScatterRows(spec.Rows(), size, rank) * spec.RowBytes();
   }
-  bool InPlace() const override { return false; }
   // A joined rank contributes the identity.
   std::string JoinConflict(const Signature&, const Agreement*, const std::vector<bool>&,
                            const std::string&) const override {
@@ -90,7 +86,6 @@ class Reducescatter final : public Collective {
     s.request->inputs.push_back(in);
     s.request->outputs.push_back(s.buffers.back().data.get());
   }
-  const char* MpiPhase() const override { return "MPI_REDUCESCATTER"; }
 
   Task<> Execute(Operations& ops, Request& r, std::size_t t) const override {
     const Signature& sig = r.sig;
@@ -125,9 +120,6 @@ class Reducescatter final : public Collective {
 
 }  // namespace
 
-const Collective& ReducescatterCollective() {
-  static const Reducescatter collective;
-  return collective;
-}
+JAXCACHE_DEFINE_COLLECTIVE(Reducescatter)
 
 }  // namespace jaxcache

@@ -9,13 +9,13 @@ namespace {
 
 class Scan final : public ElementwiseReduction {
  public:
+  Scan() : ElementwiseReduction({.mpi_phase = "MPI_SCAN"}) {}
   Status Decide(const Checker& c, Agreement*) const override {
     JAXCACHE_RETURN_IF_ERROR(c.Reduction());
     if (c.first().op == ReduceOp::kAverage)
       return c.Error(ErrorKind::kInvalidArgument, "a scan has no average (the prefixes differ in length)");
     return c.Tensors();
   }
-  const char* MpiPhase() const override { return "MPI_SCAN"; }
 
   // The operand is copied (prescaled) into the result, which is scanned in
   // place and postscaled, chunk by chunk.
@@ -26,7 +26,7 @@ class Scan final : public ElementwiseReduction {
     Comm& comm = ops.comm();
     MPI_Datatype type = MpiDatatype(spec.dtype);
     MPI_Op op = MpiOp(spec.dtype, Reduction(r.sig.op));
-    co_await ReduceByChunks(ops, r, t, r.sig.prescale, true, [&comm, type, op](char* chunk, int n) {
+    co_await ReduceByChunks(ops, r, t, {r.sig.prescale, r.sig.postscale}, [&comm, type, op](char* chunk, int n) {
       return comm.Run("MPI_Iscan", [&comm, type, op, chunk, n](MPI_Request* req) {
         return MPI_Iscan(MPI_IN_PLACE, chunk, n, type, op, comm.handle(), req);
       });
@@ -36,9 +36,6 @@ class Scan final : public ElementwiseReduction {
 
 }  // namespace
 
-const Collective& ScanCollective() {
-  static const Scan collective;
-  return collective;
-}
+JAXCACHE_DEFINE_COLLECTIVE(Scan)
 
 }  // namespace jaxcache

@@ -19,6 +19,7 @@ std::string BlockShape(const TensorSpec& t) {
 
 class Scatter final : public RowMovement {
  public:
+  Scatter() : RowMovement({.mpi_phase = "MPI_SCATTER"}) {}
   Status Decide(const Checker& c, Agreement*) const override {
     JAXCACHE_RETURN_IF_ERROR(c.Root());
     const int root = c.first().root;
@@ -54,7 +55,6 @@ class Scatter final : public RowMovement {
                            const std::string& who) const override {
     return "cannot run while " + who + " joined: root's tensor has a block for every rank";
   }
-  const char* MpiPhase() const override { return "MPI_SCATTER"; }
 
   Task<> Execute(Operations& ops, Request& r, std::size_t t) const override {
     Comm& comm = ops.comm();
@@ -88,9 +88,6 @@ class Scatter final : public RowMovement {
 
 }  // namespace
 
-const Collective& ScatterCollective() {
-  static const Scatter collective;
-  return collective;
-}
+JAXCACHE_DEFINE_COLLECTIVE(Scatter)
 
 }  // namespace jaxcache

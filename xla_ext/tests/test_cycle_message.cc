@@ -127,10 +127,10 @@ TEST(CycleMessage, SingleRankRoundTripAppliesPreAndPostscale) {
   Request req = FloatRequest(in, &out);
   CHECK(msg.Put(1, req, 1));
   msg.Finish();
-  CHECK(msg.Take(1, req));
+  CHECK(msg.Take(1, req, 1));
   CHECK(out == (std::vector<float>{6, -12, 3}));
   CHECK(in == (std::vector<float>{1, -2, 0.5f}));  // inputs are left alone
-  CHECK(!msg.Take(0, req));  // no entry for bit 0 in this cycle
+  CHECK(!msg.Take(0, req, 1));  // no entry for bit 0 in this cycle
 }
 
 TEST(CycleMessage, SeveralTensorsOfMixedDtypesRoundTrip) {
@@ -149,7 +149,7 @@ TEST(CycleMessage, SeveralTensorsOfMixedDtypesRoundTrip) {
   CHECK(msg.Put(0, req, 1));
   CHECK_EQ(msg.bytes(), 8u + 8u + 16u + 16u + 8u);  // each tensor padded to 8 bytes
   msg.Finish();
-  CHECK(msg.Take(0, req));
+  CHECK(msg.Take(0, req, 1));
   CHECK(std::memcmp(a, a_out, sizeof a) == 0);
   CHECK(std::memcmp(b, b_out, sizeof b) == 0);
   CHECK(std::memcmp(c, c_out, sizeof c) == 0);
@@ -170,8 +170,8 @@ TEST(CycleMessage, CombineKeepsOnlyEntriesEveryRankHoldsReduced) {
   CHECK_EQ(r0.bytes(), 8u + 8u + 8u);  // one entry left
   std::vector<float> out(2, 0);
   Request req = FloatRequest(a, &out);
-  for (uint32_t bit : {1u, 3u, 5u}) CHECK(!r0.Take(bit, req));
-  CHECK(r0.Take(2, req));
+  for (uint32_t bit : {1u, 3u, 5u}) CHECK(!r0.Take(bit, req, 2));
+  CHECK(r0.Take(2, req, 2));
   CHECK(out == (std::vector<float>{11, 22}));
 }
 
@@ -196,13 +196,13 @@ TEST(CycleMessage, AverageDividesByRanksAndReducesWithTheOp) {
   CHECK(SameBytes(r0, r1));
   std::vector<float> out(2, 0);
   Request req = FloatRequest(a, &out);
-  CHECK(r1.Take(0, req));
+  CHECK(r1.Take(0, req, 2));
   CHECK(out == (std::vector<float>{2, 0}));
-  CHECK(r1.Take(1, req));
+  CHECK(r1.Take(1, req, 2));
   CHECK(out == (std::vector<float>{1, -8}));
   int64_t prod[2] = {};
   pa.outputs = {prod};
-  CHECK(r1.Take(2, pa));
+  CHECK(r1.Take(2, pa, 2));
   CHECK(prod[0] == 15 && prod[1] == -14);
 }
 
@@ -219,7 +219,7 @@ TEST(CycleMessage, ThreeRanksFoldToTheSameResult) {
   CHECK(SameBytes(r[1], r[2]));
   std::vector<float> out(1, 0);
   Request req = FloatRequest(in[0], &out);
-  CHECK(r[2].Take(0, req));
+  CHECK(r[2].Take(0, req, 3));
   CHECK_EQ(out[0], 7.0f);
 }
 
