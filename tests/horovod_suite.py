@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-BIN = Path(sys.executable).parent
+from suite_jobs import run_test_job
+
 SUITES = {  # suite -> (Horovod's test file, extra environment)
     "torch": ("test/parallel/test_torch.py", {}),
     "tensorflow": ("test/parallel/test_tensorflow.py", {}),
@@ -66,17 +66,8 @@ def collect(test_file: Path, env: dict, expr: str | None) -> list[str]:
 
 def run_one(node: str, np: int, env: dict, timeout: float, cwd: Path) -> tuple[str, str]:
     """('pass' | 'skip' | 'fail', output) of one test in its own mpirun job."""
-    cmd = [str(BIN / "mpirun"), "-np", str(np), sys.executable, "-m", "pytest", "-q", "-x", "-rs",
-           "-p", "no:cacheprovider", node]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, cwd=cwd)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        return "fail", f"timed out after {timeout:.0f} s\n{out[-2000:]}"
-    if proc.returncode != 0:
+    ok, out = run_test_job(node, np, env, timeout, cwd, extra=("-rs",))
+    if not ok:
         return "fail", out
     return ("skip" if " skipped" in out and " passed" not in out else "pass"), out
 

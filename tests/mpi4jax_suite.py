@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
+from suite_jobs import run_test_job
+
 MPI4JAX_VERSION = "0.9.1"  # the mpi4jax whose API jaxcache.mpi4jax follows
 SHIM = "from jaxcache.mpi4jax import *  # noqa: F401,F403\nfrom jaxcache.mpi4jax import __all__  # noqa: F401\n" \
        f"__version__ = {MPI4JAX_VERSION!r}\n"
-BIN = Path(sys.executable).parent
 
 
 def download_tests(workdir: Path) -> Path:
@@ -44,20 +44,6 @@ def collect(tests: Path, env: dict, expr: str | None) -> list[str]:
         cmd += ["-k", expr]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tests.parent).stdout
     return [line.strip() for line in out.splitlines() if "::" in line]
-
-
-def run_one(node: str, np: int, env: dict, timeout: float, cwd: Path) -> tuple[bool, str]:
-    cmd = [str(BIN / "mpirun"), "-np", str(np), sys.executable, "-m", "pytest", "-q", "-x",
-           "-p", "no:cacheprovider", node]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, cwd=cwd)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        return False, f"timed out after {timeout:.0f} s\n{out[-2000:]}"
-    return proc.returncode == 0, out
 
 
 def main() -> int:
@@ -82,7 +68,7 @@ def main() -> int:
         passed, failed = 0, []
         for np in args.np or [2]:
             for node in nodes:
-                ok, out = run_one(node, np, env, args.timeout, tests.parent)
+                ok, out = run_test_job(node, np, env, args.timeout, tests.parent)
                 name = f"{node.split('tests/', 1)[-1]} [np={np}]"
                 print(("PASS " if ok else "FAIL ") + name, flush=True)
                 if ok:
