@@ -26,6 +26,8 @@ _EXPORTS = {
     "grouped_allgather": "ops.allgather", "reducescatter": "ops.reducescatter",
     "grouped_reducescatter": "ops.grouped_reducescatter", "alltoall": "ops.alltoall",
     "reduce": "ops.reduce", "scan": "ops.scan", "gather": "ops.rooted", "scatter": "ops.rooted",
+    "send": "ops.point_to_point", "recv": "ops.point_to_point", "sendrecv": "ops.point_to_point",
+    "ANY_SOURCE": "ops.point_to_point", "ANY_TAG": "ops.point_to_point",
     "broadcast_object": "objects", "allgather_object": "objects",
     "JaxcacheError": "errors", "MismatchError": "errors", "StallError": "errors",
     "ShutdownError": "errors", "DuplicateNameError": "errors", "CollectiveError": "errors",

@@ -159,18 +159,31 @@ def scan(x, op, *, comm=None, token=_NOTSET):
     return _jc.scan(x, _op(op, "scan"), comm=comm)
 
 
-def _point_to_point(fn: str):
-    def unsupported(*args, **kwargs):
-        raise NotImplementedError(
-            f"jaxcache.mpi4jax.{fn}: point-to-point operations (send, recv, sendrecv) are not in "
-            "jaxcache yet; see docs/mpi4jax.md")
-    unsupported.__name__ = fn
-    return unsupported
+def _peer(value, wildcard_mpi, wildcard_jc):
+    """mpi4py's wildcard as jaxcache's (both are MPI's own number when they share an MPI)."""
+    return wildcard_jc if value == wildcard_mpi else value
 
 
-send = _point_to_point("send")
-recv = _point_to_point("recv")
-sendrecv = _point_to_point("sendrecv")
+def send(x, dest, *, tag=0, comm=None, token=_NOTSET):
+    """Sends `x` to `dest` (returns None, as mpi4jax >= 0.8)."""
+    _begin("send", token)
+    _jc.send(x, dest, tag=tag, comm=comm)
+
+
+def recv(x, source=MPI.ANY_SOURCE, *, tag=MPI.ANY_TAG, comm=None, status=None, token=_NOTSET):
+    """Receives an array shaped like `x` from `source` (MPI.ANY_SOURCE: any rank) with `tag`."""
+    _begin("recv", token)
+    return _jc.recv(x, _peer(source, MPI.ANY_SOURCE, _jc.ANY_SOURCE), tag=_peer(tag, MPI.ANY_TAG, _jc.ANY_TAG),
+                    comm=comm, status=status)
+
+
+def sendrecv(sendbuf, recvbuf, source, dest, *, sendtag=0, recvtag=MPI.ANY_TAG, comm=None, status=None,
+             token=_NOTSET):
+    """Sends `sendbuf` to `dest` while receiving an array shaped like `recvbuf` from `source`."""
+    _begin("sendrecv", token)
+    return _jc.sendrecv(sendbuf, recvbuf, _peer(source, MPI.ANY_SOURCE, _jc.ANY_SOURCE), dest,
+                        sendtag=sendtag, recvtag=_peer(recvtag, MPI.ANY_TAG, _jc.ANY_TAG), comm=comm,
+                        status=status)
 
 
 def has_cuda_support() -> bool:

@@ -132,3 +132,14 @@ def test_horovod_keras_mnist_matches_single_process_accuracy():
     # Unseeded shuffling and dropout, as in Horovod's example: runs vary by about 1 point.
     assert single >= 0.95, single
     assert ranks2 >= max(0.95, single - 0.03), (ranks2, single)
+
+
+HEAT_HALO = REPO / "examples" / "heat_halo.py"
+
+
+def test_heat_halo_matches_serial(nranks):
+    """The heat-equation example (halo exchange by sendrecv in a jitted fori_loop, uneven
+    row split at 3 ranks) gives the field of the same solver run in one process."""
+    out = run_mpi(str(HEAT_HALO), nranks, "--check", timeout=120).stdout
+    assert out.count(f"heat_halo: OK on {nranks} ranks") == nranks, out[-3000:]
+    assert "step   400: total heat" in out, out[-3000:]

@@ -46,17 +46,27 @@ void CompletionQueue::Push(RequestPtr req, Status status) {
   cv_.notify_one();
 }
 
+void CompletionQueue::Push(Completion done, Status status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bare_.emplace_back(std::move(done), std::move(status));
+  cv_.notify_one();
+}
+
 void CompletionQueue::Loop() {
   std::vector<std::pair<RequestPtr, Status>> batch;
+  std::vector<std::pair<Completion, Status>> bare;
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !items_.empty(); });
-      if (items_.empty() && stop_) return;
+      cv_.wait(lock, [&] { return stop_ || !items_.empty() || !bare_.empty(); });
+      if (items_.empty() && bare_.empty() && stop_) return;
       batch.swap(items_);
+      bare.swap(bare_);
     }
     for (auto& [req, status] : batch) req->done.Run(status);
+    for (auto& [done, status] : bare) done.Run(status);
     batch.clear();
+    bare.clear();
   }
 }
 

@@ -17,12 +17,15 @@ class CompletionQueue {
   CompletionQueue();
   ~CompletionQueue();  // runs what is queued, then stops
   void Push(RequestPtr req, Status status);
+  // A completion without a request (point-to-point ops).
+  void Push(Completion done, Status status);
 
  private:
   void Loop();
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::pair<RequestPtr, Status>> items_;
+  std::vector<std::pair<Completion, Status>> bare_;
   bool stop_ = false;
   std::thread thread_;
 };

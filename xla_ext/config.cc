@@ -18,6 +18,8 @@ std::map<std::string, double> Stats::Snapshot() const {
       {"stall_warnings", double(stall_warnings)},
       {"cancellations", double(cancellations)},
       {"in_cycle_reductions", double(in_cycle_reductions)},
+      {"p2p_messages", double(p2p_messages)},
+      {"p2p_completed_inline", double(p2p_completed_inline)},
       {"negotiation_seconds", negotiation_seconds.load()},
       {"execution_seconds", execution_seconds.load()},
   };
@@ -26,7 +28,8 @@ std::map<std::string, double> Stats::Snapshot() const {
 void Stats::Reset() {
   for (auto* c : {&cycles, &coordinator_rounds, &bitvector_syncs, &cache_hits, &cache_misses,
                   &cache_evictions, &cache_invalidations, &responses_executed, &fused_responses,
-                  &bytes_reduced, &mpi_calls, &stall_warnings, &cancellations, &in_cycle_reductions})
+                  &bytes_reduced, &mpi_calls, &stall_warnings, &cancellations, &in_cycle_reductions,
+                  &p2p_messages, &p2p_completed_inline})
     c->store(0);
   negotiation_seconds.store(0.0);
   execution_seconds.store(0.0);

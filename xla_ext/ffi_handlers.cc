@@ -21,38 +21,10 @@ namespace {
 
 XLA_FFI_TypeInfo cpu_call_site_type_info = ffi::MakeTypeInfo<CpuCallSite>();
 
-std::optional<DType> FromXla(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::PRED: return DType::kBool;
-    case ffi::DataType::S8: return DType::kInt8;
-    case ffi::DataType::S16: return DType::kInt16;
-    case ffi::DataType::S32: return DType::kInt32;
-    case ffi::DataType::S64: return DType::kInt64;
-    case ffi::DataType::U8: return DType::kUInt8;
-    case ffi::DataType::U16: return DType::kUInt16;
-    case ffi::DataType::U32: return DType::kUInt32;
-    case ffi::DataType::U64: return DType::kUInt64;
-    case ffi::DataType::F16: return DType::kFloat16;
-    case ffi::DataType::BF16: return DType::kBFloat16;
-    case ffi::DataType::F32: return DType::kFloat32;
-    case ffi::DataType::F64: return DType::kFloat64;
-    case ffi::DataType::C64: return DType::kComplex64;
-    case ffi::DataType::C128: return DType::kComplex128;
-    default: return std::nullopt;
-  }
-}
-
 // XLA reports a failed custom call as its own exception type; the message
 // starts with the class an eager call would raise, for the reader.
 std::string ErrorPrefix(ErrorKind kind) {
   return std::string("jaxcache.") + (kind == ErrorKind::kNone ? "CollectiveError" : ErrorClassName(kind)) + ": ";
-}
-
-ffi::Future Failed(const Status& status) {
-  ffi::Promise promise;
-  ffi::Future future(promise);
-  promise.SetError(ToFfiError(status, ffi::ErrorCode::kFailedPrecondition));
-  return future;
 }
 
 // Hands the request to the runtime; XLA:CPU resumes dependent work when the
@@ -90,6 +62,34 @@ ffi::Error RankImpl(ffi::Result<ffi::Buffer<ffi::S32>> out, int64_t process_set)
 }
 
 }  // namespace
+
+std::optional<DType> FromXla(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::PRED: return DType::kBool;
+    case ffi::DataType::S8: return DType::kInt8;
+    case ffi::DataType::S16: return DType::kInt16;
+    case ffi::DataType::S32: return DType::kInt32;
+    case ffi::DataType::S64: return DType::kInt64;
+    case ffi::DataType::U8: return DType::kUInt8;
+    case ffi::DataType::U16: return DType::kUInt16;
+    case ffi::DataType::U32: return DType::kUInt32;
+    case ffi::DataType::U64: return DType::kUInt64;
+    case ffi::DataType::F16: return DType::kFloat16;
+    case ffi::DataType::BF16: return DType::kBFloat16;
+    case ffi::DataType::F32: return DType::kFloat32;
+    case ffi::DataType::F64: return DType::kFloat64;
+    case ffi::DataType::C64: return DType::kComplex64;
+    case ffi::DataType::C128: return DType::kComplex128;
+    default: return std::nullopt;
+  }
+}
+
+ffi::Future Failed(const Status& status) {
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  promise.SetError(ToFfiError(status, ffi::ErrorCode::kFailedPrecondition));
+  return future;
+}
 
 // Numbers the instances of each (program, name) in instantiation order.
 std::string InstanceName(std::string_view name, int64_t program) {

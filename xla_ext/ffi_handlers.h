@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -69,6 +70,12 @@ struct CollectiveCall {
 // caller decides what the runtime gets to touch), or, when `request` is null, why not.
 PreparedRequest PrepareRequest(const CollectiveCall& call, const CallSite& site, Device device,
                                xla::ffi::RemainingArgs args, xla::ffi::RemainingRets rets);
+
+// jaxcache's dtype for XLA's, if it has one.
+std::optional<DType> FromXla(xla::ffi::DataType t);
+
+// A future that has already failed with `status`.
+xla::ffi::Future Failed(const Status& status);
 
 // The XLA error for a failed request: the message starts with the name of the
 // Python exception class it maps to (jaxcache/errors.py).

@@ -22,6 +22,7 @@
 #include "collectives/collective.h"
 #include "comm.h"
 #include "ffi_handlers.h"
+#include "point_to_point_handlers.h"
 #include "protocol_bindings.h"
 #include "submission.h"
 #include "runtime.h"
@@ -282,6 +283,9 @@ NB_MODULE(_jaxcache_ext, m) {
     JAXCACHE_KINDS(JAXCACHE_REGISTER_CPU)
 #undef JAXCACHE_REGISTER_CPU
     cpu["jaxcache_rank"] = Capsule(RankHandler);
+    cpu["jaxcache_send"] = Capsule(SendHandler);
+    cpu["jaxcache_recv"] = Capsule(RecvHandler);
+    cpu["jaxcache_sendrecv"] = Capsule(SendrecvHandler);
     nb::dict d;
     d["cpu"] = cpu;
 #ifdef JAXCACHE_WITH_CUDA
@@ -422,6 +426,12 @@ NB_MODULE(_jaxcache_ext, m) {
   // noconvert: an array that would need converting (non-contiguous, wrong device)
   // is refused instead of being silently copied -- results written into a
   // temporary copy would be lost.
+  // (kind, message) of the last failure of the point-to-point op `name`, taken:
+  // an eager call raises its class ((0, "") if none is recorded).
+  m.def("take_p2p_failure", [](const std::string& name) {
+    Status s = Running()->p2p().TakeFailure(name);
+    return std::make_pair(static_cast<int>(s.kind), s.message);
+  }, nb::arg("name"));
   m.def("submit", &SubmitArrays, nb::arg("kind"), nb::arg("name"), nb::arg("inputs").noconvert(),
         nb::arg("outputs").noconvert(), nb::arg("op") = 0, nb::arg("prescale") = 1.0,
         nb::arg("postscale") = 1.0, nb::arg("root") = 0,

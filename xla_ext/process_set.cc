@@ -28,6 +28,7 @@ ProcessSet::ProcessSet(int32_t id, MPI_Comm comm, const std::vector<int>& global
       timeline_(timeline.Scoped(id == 0 ? "" : "set " + std::to_string(id) + ": ")),
       faults_(faults),
       comm_(std::make_unique<Comm>(comm, config.max_mpi_count, config.chunk_bytes)),
+      p2p_(std::make_unique<P2PChannels>(comm)),
       table_(completions, wakeup) {
   comm_->SetAbandonFlag(abandon);
   // A peer that stays silent well past the stall shutdown bound is gone.

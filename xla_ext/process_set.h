@@ -16,6 +16,7 @@
 #include "controller.h"
 #include "fault_injection.h"
 #include "operations.h"
+#include "point_to_point.h"
 #include "request_table.h"
 #include "task.h"
 #include "timeline.h"
@@ -33,6 +34,8 @@ class ProcessSet {
   int32_t id() const { return id_; }
   const std::vector<int>& global_ranks() const { return global_ranks_; }
   Comm& comm() { return *comm_; }
+  // Its point-to-point channels (any thread: MPI calls on them need no driver).
+  const P2PChannels& p2p() const { return *p2p_; }
   const Comm& comm() const { return *comm_; }
   RequestTable& table() { return table_; }
   Stats& stats() { return stats_; }
@@ -77,6 +80,7 @@ class ProcessSet {
   FaultInjector& faults_;
   Stats stats_;
   std::unique_ptr<Comm> comm_;
+  std::unique_ptr<P2PChannels> p2p_;
   RequestTable table_;
   std::unique_ptr<Controller> controller_;
   std::unique_ptr<Operations> operations_;

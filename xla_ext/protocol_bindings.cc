@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common.h"
+#include "point_to_point.h"
 
 namespace nb = nanobind;
 
@@ -63,6 +64,12 @@ void BindProtocol(nb::module_& m) {
                          kNumSettingScopes, &SettingScopeName);
   m.def("error_class_name", [](ErrorKind k) { return std::string(ErrorClassName(k)); }, nb::arg("kind"),
         "The jaxcache.errors class a request failing with `kind` raises ('' for NONE).");
+  // Point-to-point wildcards and limits (MPI's values: mpi4py's MPI.ANY_SOURCE
+  // and MPI.ANY_TAG are the same numbers when both use this MPI).
+  m.attr("ANY_SOURCE") = kAnySource;
+  m.attr("ANY_TAG") = kAnyTag;
+  m.attr("P2P_INLINE_BYTES") = kP2PInlineBytes;
+  m.attr("P2P_MAX_DIMS") = kP2PMaxDims;
   m.def("element_size", [](DType d) { return ElementSize(d); }, nb::arg("dtype"));
   m.def("settings_table", &SettingsTable,
         "Every runtime setting: (field, SettingType, default, variable, minimum, SettingScope).");

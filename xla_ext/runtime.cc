@@ -218,6 +218,7 @@ std::string Runtime::Stop(double timeout_s) {
   // A loop thread still stuck (left behind below: no rank answers) completes
   // nothing it no longer holds (RequestTable::Complete does not read those),
   // but may still be inside an MPI call on their buffers: only a dead job ends so.
+  rt->p2p_.Stop(closed);
   for (auto& set : rt->Sets()) set->table().Close(closed);
   if (!done) {
     // The runtime object is leaked on purpose: its thread still uses it.

@@ -17,6 +17,7 @@
 #include "completion_queue.h"
 #include "config.h"
 #include "fault_injection.h"
+#include "point_to_point.h"
 #include "process_set.h"
 #include "request_table.h"
 #include "timeline.h"
@@ -70,6 +71,8 @@ class Runtime {
   void StopTimeline();
 
   const Comm& comm() const { return global_->comm(); }
+  // Sends and receives (point_to_point.h).
+  PointToPoint& p2p() { return p2p_; }
   bool running() const { return !global_->table().closed(); }
 
  private:
@@ -90,6 +93,7 @@ class Runtime {
   std::atomic<bool> shutdown_requested_{false}, shutdown_forced_{false}, abandon_{false};
   Wakeup wakeup_;
   CompletionQueue completions_;
+  PointToPoint p2p_{config_, completions_};
   mutable std::mutex sets_mu_;
   std::map<int32_t, std::shared_ptr<ProcessSet>> sets_;
   std::shared_ptr<ProcessSet> global_;

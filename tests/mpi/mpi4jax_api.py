@@ -1,7 +1,7 @@
 """jaxcache.mpi4jax as an mpi4jax program uses it (no jaxcache.init(), mpi4py operators and
 communicators): every supported name against NumPy on every rank, eager and jit, vmap, and
-mpi4jax's autodiff convention for allreduce (transpose = identity); the unsupported ones
-raise clearly."""
+mpi4jax's autodiff convention for allreduce (transpose = identity); point-to-point with
+MPI's wildcards and an mpi4py Status; the unsupported ones raise clearly."""
 
 import jax
 import jax.numpy as jnp
@@ -48,7 +48,20 @@ vm = jax.vmap(lambda v: mpi4jax.allreduce(v, op=MPI.SUM))(x)
 assert_close(vm, sum(xs), "vmap")
 
 mpi4jax.barrier()
-raises(NotImplementedError, "point-to-point", lambda: mpi4jax.sendrecv(x, x, 0, 0))
+# Point-to-point: a ring by sendrecv (eager and jit), then everyone sends rank 0 with tag = rank,
+# received from MPI.ANY_SOURCE with MPI.ANY_TAG, the Status saying from whom.
+left, right = (rank - 1) % size, (rank + 1) % size
+assert_close(mpi4jax.sendrecv(x, x, left, right), xs[left], "sendrecv")
+assert_close(jax.jit(lambda v: mpi4jax.sendrecv(v, v, source=left, dest=right, sendtag=2, recvtag=2))(x),
+             xs[left], "sendrecv jit")
+if rank == 0:
+    for _ in range(size - 1):
+        status = MPI.Status()
+        got = mpi4jax.recv(x, MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
+        assert_close(got, xs[status.Get_source()], "recv ANY_SOURCE")
+        assert status.Get_tag() == status.Get_source()
+else:
+    assert mpi4jax.send(x, 0, tag=rank) is None
 raises(NotImplementedError, "op .* is not supported", lambda: mpi4jax.allreduce(x, op=MPI.BXOR))
 raises(RuntimeError, "tokens are not supported", lambda: mpi4jax.allreduce(x, op=MPI.SUM, token=1))
 assert mpi4jax.has_sycl_support() is False and isinstance(mpi4jax.has_cuda_support(), bool)
