@@ -147,6 +147,8 @@ class PointToPoint {
   // XLA may be told: what it waits for has completed (a buffered send's
   // delivery may still be under way).
   static bool Answerable(const P2POp& op);
+  // A large payload is moving between the two ranks (worth driving inline).
+  static bool Transferring(const P2POp& op);
   // Runs the op's completion, once: here (`here`) or on the completion thread.
   void Answer(P2POp& op, bool here);
   // Gives up on an op (stalled, or the engine stops): cancelled and answered.

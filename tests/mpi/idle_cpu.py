@@ -1,5 +1,6 @@
 """An idle process must not burn CPU: under 2% of a core over 10 idle seconds after a
-training loop (the background thread only answers heartbeat cycles)."""
+training loop and a halo-exchange loop (the background thread only answers heartbeat
+cycles; the point-to-point progress thread sleeps once its last send has been received)."""
 
 import sys
 import time
@@ -18,6 +19,9 @@ tree = {"w": jnp.ones((128, 128)), "b": jnp.ones(128)}
 for _ in range(200):
     tree = step(tree)
 jax.block_until_ready(tree)
+left, right = (jc.rank() - 1) % jc.size(), (jc.rank() + 1) % jc.size()
+halo = jax.jit(lambda t: jax.lax.fori_loop(0, 100, lambda _, u: jc.sendrecv(u, u, left, right) + 1, t))
+jax.block_until_ready(halo(jnp.ones(64)))
 COMM.Barrier()
 
 proc = psutil.Process()
