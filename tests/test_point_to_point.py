@@ -14,3 +14,8 @@ def test_unreceived_send_is_reported():
     assert "point_to_point_stall: OK on 2 ranks" in out
     assert "send 'late' from rank 0 to rank 1 (tag 3) has waited" in out, out[-3000:]
     assert "recv 'early' on rank 1 from rank 0 (tag 8) has waited" in out, out[-3000:]
+
+
+def test_interrupted_recv():
+    out = run_mpi("point_to_point_interrupt.py", 2, timeout=120).stdout
+    assert "point_to_point_interrupt: OK on 2 ranks" in out

@@ -18,6 +18,7 @@ rank raises MismatchError (the message is drained; both ranks go on).
 
 from __future__ import annotations
 
+import concurrent.futures
 from typing import Any
 
 import numpy as np
@@ -184,18 +185,33 @@ def _sendrecv_transpose(ct, sendbuf, recvbuf, *, name, source, dest, sendtag, re
             ad.Zero(recvbuf.aval) if ad.is_undefined_primal(recvbuf) else None]
 
 
+# Eager ops run on one thread of their own, in call order (the order JAX gives them), while
+# the caller waits for each in a timed wait: XLA:CPU runs a small program on the thread that
+# dispatches it and returns only when its receive is done, so a caller blocked there would
+# ignore Ctrl-C. An interrupted op stays in flight, as an interrupted collective does.
+_runner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="jaxcache-p2p")
+
+
+def _run_and_wait(primitive, args, params):
+    out = dispatch.apply_primitive(primitive, *args, **params)
+    if primitive.multiple_results and not out:
+        jax.effects_barrier()
+    else:
+        jax.block_until_ready(out)
+    return out
+
+
 def _eager(primitive):
-    """Runs one op as its own small program (JAX orders it after the channels' earlier ops)
-    and waits for it: an eager call returns once it has completed, and raises the jaxcache
-    error class of a failure (the runtime records it by name)."""
+    """An eager call: returns once the op has completed, raising the jaxcache error class of
+    a failure (the runtime records it by name)."""
     def impl(*args, name, **params):
+        done = _runner.submit(_run_and_wait, primitive, args, dict(params, name=name))
         try:
-            out = dispatch.apply_primitive(primitive, *args, name=name, **params)
-            if primitive.multiple_results and not out:
-                jax.effects_barrier()
-            else:
-                jax.block_until_ready(out)
-            return out
+            while True:
+                try:
+                    return done.result(timeout=0.1)  # a timed wait: KeyboardInterrupt gets through
+                except concurrent.futures.TimeoutError:
+                    continue
         except jax.errors.JaxRuntimeError:
             kind, message = ext.take_p2p_failure(name)
             if kind:
