@@ -134,6 +134,12 @@ same_bits(g, np.full(5, float(right + 1)), "grad")
 g = jax.jit(jax.grad(lambda v: jnp.sum(jc.sendrecv(v * v, v, source=left, dest=right) * (rank + 1))))(
     jnp.full(3, float(rank + 1)))
 same_bits(g, np.full(3, 2.0 * (rank + 1) * (right + 1)), "jit grad of sendrecv(x*x)")
+# vmap of send and recv: the batched array travels as one message.
+batch = jnp.stack([jnp.arange(5.0) + k for k in range(3)])
+if rank == 0:
+    jax.vmap(lambda v: jc.send(v, 1, tag=6))(batch)
+elif rank == 1:
+    same_bits(jax.vmap(lambda v: jc.recv(v, 0, tag=6))(jnp.zeros((3, 5))), np.asarray(batch), "vmap send/recv")
 _, tangent = jax.jvp(lambda v: jc.sendrecv(v, v, source=left, dest=right), (jnp.ones(3),),
                      (jnp.full(3, float(rank)),))
 same_bits(tangent, np.full(3, float(left)), "jvp")
