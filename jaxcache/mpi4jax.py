@@ -3,9 +3,11 @@
 Names, arguments and results are mpi4jax's (`op=` an mpi4py operator such as `MPI.SUM`,
 `comm=` an mpi4py communicator, no tokens); underneath, every call is a jaxcache collective,
 negotiated by name, so independent collectives may start in any order under `jit` without
-the global ordering mpi4jax imposes. The runtime starts on the first call (`jaxcache.init()`,
-collective: every rank makes that first call). docs/mpi4jax.md lists each name: same,
-differs (how), or not supported (why).
+the global ordering mpi4jax imposes. The runtime starts when this module is imported
+(`jaxcache.init()`, collective: every rank imports it, as every rank imports mpi4py), so that
+point-to-point between some of the ranks works from the first call; call `jaxcache.init()`
+before the import to choose settings. docs/mpi4jax.md lists each name: same, differs (how),
+or not supported (why).
 """
 
 from __future__ import annotations
@@ -194,3 +196,9 @@ def has_cuda_support() -> bool:
 def has_sycl_support() -> bool:
     """jaxcache has no SYCL path."""
     return False
+
+
+# Started at import (collective), not at the first call: a program's first call may be a
+# send between two of its ranks, which the others never make.
+if not _jc.is_initialized():
+    _jc.init()

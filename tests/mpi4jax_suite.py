@@ -27,6 +27,12 @@ SHIM = "from jaxcache.mpi4jax import *  # noqa: F401,F403\nfrom jaxcache.mpi4jax
        f"__version__ = {MPI4JAX_VERSION!r}\n"
 
 
+# jaxcache.mpi4jax starts the runtime when imported (collective); mpi4jax's tests import
+# mpi4jax inside each test, so tests that run on ranks 0 and 1 only would leave rank 2
+# outside. pytest imports it on every rank at startup, as a program imports it at its top.
+IMPORT_AT_START = ("-p", "mpi4jax")
+
+
 def download_tests(workdir: Path) -> Path:
     """mpi4jax's tests/ from its sdist on PyPI."""
     subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
@@ -68,7 +74,7 @@ def main() -> int:
         passed, failed = 0, []
         for np in args.np or [2]:
             for node in nodes:
-                ok, out = run_test_job(node, np, env, args.timeout, tests.parent)
+                ok, out = run_test_job(node, np, env, args.timeout, tests.parent, extra=IMPORT_AT_START)
                 name = f"{node.split('tests/', 1)[-1]} [np={np}]"
                 print(("PASS " if ok else "FAIL ") + name, flush=True)
                 if ok:
