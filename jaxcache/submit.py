@@ -13,16 +13,20 @@ from __future__ import annotations
 import threading
 from typing import Any, Sequence
 
+import ml_dtypes
 import numpy as np
 
 from ._ext import ext
 from .errors import raise_for_status
 from .protocol import NUMPY_DTYPES, Device
 
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
 def bits(a: np.ndarray) -> np.ndarray:
     """The same bytes in a dtype every DLPack consumer knows (bfloat16 -> uint16); the
     dtype itself travels as a code."""
-    return a.view(np.uint16) if a.dtype.name == "bfloat16" else a
+    return a.view(np.uint16) if a.dtype == _BFLOAT16 else a  # (dtype.name costs ~5 us)
 
 
 def codes_of(arrays: Sequence[np.ndarray]) -> list[int]:

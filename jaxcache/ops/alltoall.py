@@ -89,7 +89,7 @@ def alltoall(x, *, name: str | None = None, splits=None, process_set=None, comm=
     counts = [] if splits is None else validation.check_splits(splits, "alltoall")
     (out,), received = eager.run_allocated(Kind.ALLTOALL, name, [x], size, counts,
                                            process_set=ps.id)
-    out = jax.device_put(out)  # aliases the runtime's buffer, no copy
+    out = eager.adopt(out)  # aliases the runtime's buffer, no copy
     if splits is None:
         return out
     return out, jnp.asarray(np.asarray(received, np.int32))

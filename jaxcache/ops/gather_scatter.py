@@ -67,7 +67,7 @@ def gather_values(values: list, name: str, auto_name: bool, ps: process_sets.Res
         return list(allgather_p.bind(*values, name=name, auto_name=auto_name, world_size=ps.size,
                                      process_set=ps.id))
     outs, _ = eager.run_allocated(Kind.ALLGATHER, name, values, ps.size, process_set=ps.id)
-    return [jax.device_put(o) for o in outs]  # aliases the runtime's buffer, no copy
+    return [eager.adopt(o) for o in outs]  # aliases the runtime's buffer, no copy
 
 
 reducescatter_p = Primitive("jaxcache_reducescatter")

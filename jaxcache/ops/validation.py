@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 import jax
@@ -65,18 +67,20 @@ def check_reduction(dtype, op: str, prescale: float, postscale: float, fn: str, 
     """Integers may be averaged and scaled: in double precision, truncated toward zero
     (Horovod's rule; the runtime divides an integer average after the sum, so an average
     of equal integers is exact)."""
+    # Runs on every eager call: plain comparisons, no jnp dtype machinery.
     dtype = np.dtype(dtype)
-    if dtype == np.bool_ and op not in ("min", "max"):
+    is_bool = dtype.kind == "b"
+    if is_bool and op not in ("min", "max"):
         raise TypeError(
             f"jaxcache.{fn}: {what} is bool; only op='min' (logical and) or 'max' (logical or) "
             f"apply to bool, not {op!r}"
         )
-    if op in ("min", "max") and jnp.issubdtype(dtype, jnp.complexfloating):
+    if dtype.kind == "c" and op in ("min", "max"):
         raise TypeError(f"jaxcache.{fn}: op={op!r} is undefined for complex {what} ({dtype})")
     for label, value in (("prescale", prescale), ("postscale", postscale)):
-        if not isinstance(value, (int, float, np.floating, np.integer)) or not np.isfinite(value):
+        if not isinstance(value, (int, float, np.floating, np.integer)) or not math.isfinite(value):
             raise ValueError(f"jaxcache.{fn}: {label} must be a finite number, got {value!r}")
-        if value != 1.0 and dtype == np.bool_:
+        if value != 1.0 and is_bool:
             raise TypeError(f"jaxcache.{fn}: {label}={value} cannot scale bool {what}")
 
 
