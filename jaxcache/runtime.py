@@ -133,8 +133,9 @@ def join() -> int:
 
     Until then this rank keeps taking part in the other ranks' allreduce, grouped_allreduce,
     reducescatter and (eager) allgather: it contributes zeros to sums (the identity to min,
-    max and prod) and no rows to an allgather, and "average" divides by the ranks that have
-    not joined. A broadcast from a joined root, an alltoall, and an allgather under jit fail
+    max and prod) and no rows to an allgather; "average" still divides by the size (Horovod's
+    and torch DDP's rule; `JAXCACHE_JOIN_AVERAGE_BY_SIZE=0`: by the ranks that have not
+    joined). A broadcast from a joined root, an alltoall, and an allgather under jit fail
     on every rank while some rank is joined. Returns, on every rank, the rank that joined
     last. Call it after this rank's last collective has completed (e.g. after
     jax.block_until_ready on the last step's outputs); collectives submitted on this rank

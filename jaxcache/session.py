@@ -65,3 +65,12 @@ def current(what: str = "this operation") -> Session:
 def settings() -> config.Config:
     """The settings of the running session; the defaults when none runs."""
     return _current.settings if _current is not None else config.Config()
+
+
+def average_divisor(size: int, contributors: int) -> int:
+    """What an average divides by when `contributors` of a set of `size` ranks have not
+    joined (0: all): the size (Horovod's rule), or with JAXCACHE_JOIN_AVERAGE_BY_SIZE=0 the
+    contributors. The runtime applies the same rule to dense tensors (operations.h)."""
+    if settings().join_average_by_size or not contributors:
+        return size
+    return contributors

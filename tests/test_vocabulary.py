@@ -33,18 +33,22 @@ def test_transforms_grad_jvp_vmap(nranks):
     assert f"vocabulary_transforms: OK on {nranks} ranks" in out
 
 
-@pytest.mark.parametrize("cache", ["on", "off"])
-def test_join_semantics(nranks, cache):
-    env = {"JAXCACHE_CACHE_CAPACITY": "0"} if cache == "off" else {}
-    out = run_mpi("join.py", nranks, "semantics", timeout=180, env=env).stdout
+JOIN_SETTINGS = {"cache-on": {}, "cache-off": {"JAXCACHE_CACHE_CAPACITY": "0"},
+                 "average-active": {"JAXCACHE_JOIN_AVERAGE_BY_SIZE": "0"}}
+
+
+@pytest.mark.parametrize("setting", list(JOIN_SETTINGS))
+def test_join_semantics(nranks, setting):
+    out = run_mpi("join.py", nranks, "semantics", timeout=180, env=JOIN_SETTINGS[setting]).stdout
     assert f"join semantics : OK on {nranks} ranks" in out
 
 
-@pytest.mark.parametrize("steps,cache", [("5,3", "on"), ("3,5", "on"), ("3,5", "off"),
-                                         ("6,4,5", "on"), ("3,6,4", "on"), ("3,6,4", "off")])
-def test_join_training_matches_single_process(steps, cache):
+@pytest.mark.parametrize("steps,setting", [("5,3", "cache-on"), ("3,5", "average-active"),
+                                           ("3,5", "cache-off"), ("6,4,5", "cache-on"),
+                                           ("3,6,4", "average-active"), ("3,6,4", "cache-off")])
+def test_join_training_matches_single_process(steps, setting):
     """1 (2 ranks) and 2 (3 ranks) ranks run out of data at different steps of a jitted loop."""
-    env = {"JAXCACHE_CACHE_CAPACITY": "0"} if cache == "off" else {}
+    env = JOIN_SETTINGS[setting]
     n = len(steps.split(","))
     out = run_mpi("join.py", n, "train", steps, timeout=180, env=env).stdout
     assert f"join train {steps}: OK on {n} ranks" in out

@@ -55,6 +55,9 @@ JAXCACHE_DEFINE_ENUM(SettingScope, JAXCACHE_SETTING_SCOPES)
   X(shutdown_timeout_s, double, 30.0, kFloat, "JAXCACHE_SHUTDOWN_TIMEOUT", 0, kAgreed)           \
   /* how long a submitter drives cycles itself */                                                \
   X(inline_spin_us, double, 50.0, kFloat, "JAXCACHE_INLINE_SPIN_US", 0, kAgreed)                 \
+  /* after join(), an average divides by the set's size (Horovod, torch DDP) or, 0, by the */  \
+  /* ranks that have not joined */                                                               \
+  X(join_average_by_size, bool, true, kFlag, "JAXCACHE_JOIN_AVERAGE_BY_SIZE", 0, kAgreed)        \
   /* test-only, see fault_injection.h */                                                         \
   X(fault_inject, std::string, "", kString, "JAXCACHE_FAULT_INJECT", 0, kAgreed)                 \
   /* the process's allocator, applied at import (jaxcache/allocator.py) */                       \

@@ -260,7 +260,7 @@ Task<> Operations::DirectAllreduce(Job& job, const Item& item) {
 }
 
 Scaling Operations::ScalingFor(const Request& r, std::size_t t) const {
-  return ScalingOf(r.sig.op, r.sig.prescale, r.sig.postscale, r.sig.tensors[t].dtype, Contributors(r));
+  return ScalingOf(r.sig.op, r.sig.prescale, r.sig.postscale, r.sig.tensors[t].dtype, AverageDivisor(r));
 }
 
 char* Operations::Output(Request& r, std::size_t t, std::size_t bytes, std::vector<int64_t> shape) {

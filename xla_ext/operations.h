@@ -36,8 +36,13 @@ class Operations {
   Stats& stats() { return stats_; }
   // The ranks whose data counts (those that have not joined).
   int Contributors(const Request& r) const { return r.contributors ? r.contributors : comm_.size(); }
-  // The factors tensor `t` of `r` is reduced with (ScalingOf: an average's
-  // 1/contributors folded in).
+  // What an average divides by: the set's size, or with JAXCACHE_JOIN_AVERAGE_BY_SIZE=0
+  // the ranks that have not joined.
+  int AverageDivisor(const Request& r) const {
+    return config_.join_average_by_size ? comm_.size() : Contributors(r);
+  }
+  // The factors tensor `t` of `r` is reduced with (ScalingOf: 1/AverageDivisor of an
+  // average folded in).
   Scaling ScalingFor(const Request& r, std::size_t t) const;
   // Where tensor `t`'s result goes: the caller's buffer, or one the executor
   // allocates now that the ranks have agreed on its size.

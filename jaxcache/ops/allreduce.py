@@ -2,8 +2,8 @@
 
 One primitive call is one named request (a group when it has several
 operands), reduced atomically by the runtime. Scaling ("average" = a prescale
-of 1/n, n the ranks that contribute -- every rank, or those that have not
-joined; prescale; postscale) happens in the runtime while it copies the operand
+of 1/n, n the set's size -- after join() too, Horovod's rule, or with
+JAXCACHE_JOIN_AVERAGE_BY_SIZE=0 the ranks that have not joined; prescale; postscale) happens in the runtime while it copies the operand
 into the result buffer (a streaming copy, as cheap as memcpy), which is then
 reduced in place: averaging costs no extra pass.
 
@@ -102,8 +102,9 @@ def allreduce(x, op: str = "average", *, name: str | None = None, prescale: floa
     """Reduces `x` across all ranks (of `process_set`): op is "sum", "average", "min",
     "max" or "prod".
 
-    The result is `postscale * reduce(prescale * x)` ("average" divides by the number of
-    ranks that contribute: the set's size, or the ranks that have not called `join()`).
+    The result is `postscale * reduce(prescale * x)` ("average" divides by the set's size,
+    also while ranks have called `join()`, as Horovod; `JAXCACHE_JOIN_AVERAGE_BY_SIZE=0`:
+    by the ranks that have not).
     Works eagerly and under jit/grad/vmap. `name` matches the call across ranks;
     by default it is derived from the call site.
     """

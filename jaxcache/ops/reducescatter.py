@@ -7,7 +7,8 @@ receives rows [offset_r, offset_r + rows_r) of the reduction, where the first
 be divisible by the number of ranks; eager calls may split unevenly.
 
 The reduction is `postscale * op(prescale * x)`. "average" divides the reduced slice by
-the number of contributing ranks (every rank, or those that have not joined); the input
+the set's size (also after join(); JAXCACHE_JOIN_AVERAGE_BY_SIZE=0: the ranks that have
+not joined); the input
 is never copied unless a prescale asks for it.
 
 Autodiff follows `lax.psum_scatter`: the transpose of a reducescatter-sum is an

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 
 from ..protocol import NUMPY_DTYPES, REDUCE_OPS  # noqa: F401  (REDUCE_OPS: the ops modules read it here)
 
-# The runtime divides an "average" by the number of ranks that contribute (all of them,
-# or those that have not joined).
+# The runtime divides an "average" by the set's size (after join() too, unless
+# JAXCACHE_JOIN_AVERAGE_BY_SIZE=0: then by the ranks that have not joined).
 USER_OPS = tuple(REDUCE_OPS)
 SUPPORTED_DTYPES = frozenset(NUMPY_DTYPES)
 

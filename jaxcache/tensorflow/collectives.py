@@ -309,7 +309,8 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=redu
 
     Rank r (of the set) gets `shape[0] // size` rows, one more when `r < shape[0] % size` (Horovod's
     split). op: Average (default), Sum, Min, Max, Product (or 'average', 'sum', ...); an
-    average divides by the ranks that contribute (those that have not joined).
+    average divides by the set's size, also after join() (JAXCACHE_JOIN_AVERAGE_BY_SIZE=0:
+    by the ranks that have not joined).
     """
     return _reducescatter([tensor], name, compression, op, process_set, prescale_factor,
                           postscale_factor, prescale, postscale, "reducescatter", True)[0]
@@ -383,7 +384,8 @@ def join():
     joined. Returns the rank that joined last, as an int32 scalar tensor (on every rank).
 
     Meanwhile it contributes zeros to sums (the identity to min/max/prod) and no rows to
-    allgathers, and an 'average' divides by the ranks that have not joined.
+    allgathers; an 'average' still divides by the size (Horovod's rule;
+    JAXCACHE_JOIN_AVERAGE_BY_SIZE=0: by the ranks that have not joined).
     """
     _runtime.require_initialized("jaxcache.tensorflow.join")
     if tf.executing_eagerly():

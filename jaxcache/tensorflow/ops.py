@@ -81,8 +81,8 @@ def _global_set() -> Resolved:
 
 
 def reduce_args(op: str, prescale: float, postscale: float) -> tuple[int, float, float]:
-    """Wire op code and scales. The runtime divides an 'average' by the ranks that contribute
-    (every rank, or those that have not joined)."""
+    """Wire op code and scales. The runtime divides an 'average' (by the set's size, or
+    with JAXCACHE_JOIN_AVERAGE_BY_SIZE=0 by the ranks that have not joined)."""
     return validation.REDUCE_OPS[op], float(prescale), float(postscale)
 
 

@@ -9,14 +9,15 @@ from __future__ import annotations
 import tensorflow as tf
 
 from ..compat.process_sets import Resolved
+from .. import session
 from . import ops
 from ..protocol import Kind
 
 
 def reduce_slices(slices: list, names: list[str], op: str, fn: str, ps: Resolved) -> list:
     """Every rank's slices (of set `ps`), concatenated in rank order; for op 'average' the
-    values are divided by the number of ranks that contributed (after join(), those that
-    have not joined, as for dense tensors)."""
+    values are divided by the set's size (after join() too, as Horovod and dense tensors;
+    JAXCACHE_JOIN_AVERAGE_BY_SIZE=0: by the ranks that have not joined)."""
     if op not in ("average", "sum"):
         raise NotImplementedError(f"jaxcache.tensorflow.{fn}: only Sum and Average apply to "
                                   f"tf.IndexedSlices, got op={op!r} (as in Horovod); densify first "
@@ -25,9 +26,10 @@ def reduce_slices(slices: list, names: list[str], op: str, fn: str, ps: Resolved
     indices = [tf.convert_to_tensor(s.indices) for s in slices]
     gathered = ops.run_allocated(Kind.ALLGATHER, list(names), [[v, i] for v, i in zip(values, indices)],
                                  process_set=ps)
+    by_size = session.settings().join_average_by_size
     out = []
     for s, ((v, i), _, contributors) in zip(slices, gathered):
-        if op == "average":
-            v = v / tf.cast(contributors, v.dtype)
+        if op == "average":  # (contributors: a tensor in graph mode, never 0)
+            v = v / tf.cast(ps.size if by_size else contributors, v.dtype)
         out.append(tf.IndexedSlices(v, i, dense_shape=s.dense_shape))
     return out

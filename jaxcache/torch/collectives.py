@@ -142,7 +142,8 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     (differentiable).
 
     op: Average (default), Sum, Min, Max, Product (or jaxcache's 'average', 'sum', ...); an
-    average divides by the ranks that contribute (those of the set that have not joined).
+    average divides by the set's size, also after join() (JAXCACHE_JOIN_AVERAGE_BY_SIZE=0:
+    by the ranks of the set that have not joined).
     compression: Compression.none / fp16 / bf16, applied around the reduction.
     """
     op, pre, post = ops.reduce_spec("allreduce", op, average, prescale_factor, postscale_factor,
@@ -224,7 +225,8 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=reduce_ops
 
     Rank r (of the set) gets `shape[0] // size` rows, one more when `r < shape[0] % size`
     (Horovod's split). op: Average (default), Sum, Min, Max, Product (or 'average', 'sum', ...); an
-    average divides by the ranks that contribute (those that have not joined).
+    average divides by the set's size, also after join() (JAXCACHE_JOIN_AVERAGE_BY_SIZE=0: by
+    the ranks that have not joined).
     """
     return _reducescatter([tensor], name, compression, op, process_set, prescale_factor,
                           postscale_factor, prescale, postscale, "reducescatter", True)[0]

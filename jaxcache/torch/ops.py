@@ -92,8 +92,8 @@ def check_name(name, fn: str) -> None:
 
 
 def reduce_args(op: str, prescale: float, postscale: float) -> tuple[int, float, float]:
-    """Wire op code and scales. The runtime divides an 'average' by the ranks that contribute
-    (every rank, or those that have not joined)."""
+    """Wire op code and scales. The runtime divides an 'average' (by the set's size, or
+    with JAXCACHE_JOIN_AVERAGE_BY_SIZE=0 by the ranks that have not joined)."""
     return validation.REDUCE_OPS[op], float(prescale), float(postscale)
 
 
@@ -537,8 +537,8 @@ def as_list(tensors, fn: str) -> list:
 # Public non-differentiable collectives: asynchronous and in-place forms (Horovod's signatures;
 # jaxcache's op strings and prescale/postscale spellings remain valid). `process_set` limits a
 # collective to a registered set (sizes, rank order and averages are the set's; `root_rank`
-# stays a global rank). An 'average' divides by the ranks that contribute: every rank of the
-# set, or those that have not joined.
+# stays a global rank). An 'average' divides by the set's size (after join() too, unless
+# JAXCACHE_JOIN_AVERAGE_BY_SIZE=0).
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -676,7 +676,8 @@ def join(device=-1) -> int:
     joined, and returns the rank that joined last (on every rank).
 
     Meanwhile it contributes zeros to sums (the identity to min/max/prod) and no rows to
-    allgathers, and an 'average' divides by the ranks that have not joined. Synchronize this
+    allgathers; an 'average' still divides by the size (Horovod's rule;
+    JAXCACHE_JOIN_AVERAGE_BY_SIZE=0: by the ranks that have not joined). Synchronize this
     rank's handles first. `device` (Horovod's device for its zero tensors) is accepted and
     not needed: the runtime contributes on the host.
     """

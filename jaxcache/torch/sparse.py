@@ -10,6 +10,7 @@ import torch
 
 from ..compat import reduce_ops
 from ..compat.process_sets import global_process_set
+from .. import session
 from . import ops
 
 
@@ -17,8 +18,9 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     """Starts the reduction of a sparse COO tensor; returns a callable that returns the result.
 
     The result is a sparse tensor holding every rank's entries (of `process_set`; uncoalesced),
-    with values divided for op=Average by the number of ranks that contributed (after
-    `join()`, those that have not joined, as for dense tensors). Only Average and Sum apply.
+    with values divided for op=Average by the set's size (after `join()` too, as Horovod;
+    `JAXCACHE_JOIN_AVERAGE_BY_SIZE=0`: by the ranks that have not joined, as for dense
+    tensors). Only Average and Sum apply.
     """
     ps = ops.set_of(process_set, "sparse_allreduce_async")
     op = reduce_ops.to_name(reduce_ops.Average if op is None else op, "torch.sparse_allreduce_async")
@@ -39,7 +41,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     def result() -> torch.Tensor:
         all_idx, all_val = ops.synchronize(handle)
         if op == "average":
-            all_val = all_val / (handle.contributors or ps.size)
+            all_val = all_val / session.average_divisor(ps.size, handle.contributors)
         # The indices are the ranks' own valid ones: no invariant check (and no warning).
         return torch.sparse_coo_tensor(all_idx.t(), all_val, shape, check_invariants=False)
 

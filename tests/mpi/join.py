@@ -4,7 +4,8 @@
     join.py semantics          what each collective does while ranks are joined
 
 Checked on every rank against NumPy / single-process references: the average divides by
-the ranks that have not joined, joined ranks contribute zeros (the identity of min, max,
+the size (Horovod's rule) or, with JAXCACHE_JOIN_AVERAGE_BY_SIZE=0, by the ranks that have
+not joined; joined ranks contribute zeros (the identity of min, max,
 prod) and no allgather rows, join() returns the rank that joined last, and the names used
 while ranks were joined line up again afterwards.
 """
@@ -19,11 +20,18 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxcache as jc  # noqa: E402
+from jaxcache import session  # noqa: E402
 from _util import COMM, assert_close, done, same_on_all_ranks  # noqa: E402
 
 jc.init()
 rank, size = jc.rank(), jc.size()
 scenario = sys.argv[1]
+BY_SIZE = session.settings().join_average_by_size
+
+
+def divisor(active) -> int:
+    """What an average divides by while only `active` ranks have data."""
+    return size if BY_SIZE else len(active)
 
 
 def expect_error(fn, exc, *fragments):
@@ -59,7 +67,7 @@ if scenario == "train":
         return jax.tree.map(lambda a, g: a - 0.05 * g, p, grads), mean_loss, total
 
     params = {"w": jnp.zeros(D), "b": jnp.zeros(())}
-    # Single-process reference on every rank: at step t the ranks with data average.
+    # Single-process reference on every rank: at step t the ranks with data contribute.
     ref = {"w": np.zeros(D), "b": np.zeros(())}
     grad_fn = jax.jit(jax.value_and_grad(loss))
     ref_after = {}
@@ -68,12 +76,13 @@ if scenario == "train":
         vals, grads = zip(*[grad_fn(ref, *batch(r, t)) for r in active])
         if rank in active:
             params, mean_loss, total = step(params, *batch(rank, t))
-            assert_close(np.asarray(mean_loss), np.full(1, np.mean(vals)), f"mean loss step {t}", rtol=1e-12)
+            assert_close(np.asarray(mean_loss), np.full(1, np.sum(vals) / divisor(active)),
+                         f"mean loss step {t}", rtol=1e-12)
             assert_close(np.asarray(total), np.asarray(sum(vals)), f"loss sum step {t}", rtol=1e-12)
             # Eager allgather: the joined ranks contribute no rows.
             seen = jc.allgather(jnp.array([rank, t]), name="seen")
             assert_close(np.asarray(seen), np.array([[r, t] for r in active]).reshape(-1), f"seen step {t}")
-        ref = jax.tree.map(lambda a, *g: a - 0.05 * np.mean(g, axis=0), ref, *grads)
+        ref = jax.tree.map(lambda a, *g: a - 0.05 * np.sum(g, axis=0) / divisor(active), ref, *grads)
         ref_after[t + 1] = ref
         if t + 1 == steps[rank]:
             jax.block_until_ready(params)
@@ -101,9 +110,11 @@ elif scenario == "semantics":
     else:
         x = jnp.arange(4.0) + rank
         active = list(range(size - 1))
-        # average divides by the ranks that have not joined; sums see zeros from joined ranks.
+        # average divides by the size (or the ranks that have not joined); sums see zeros
+        # from joined ranks.
         avg = jc.allreduce(x, "average", name="j.avg")
-        assert_close(np.asarray(avg), np.mean([np.arange(4.0) + r for r in active], axis=0), "average")
+        assert_close(np.asarray(avg), np.sum([np.arange(4.0) + r for r in active], axis=0) / divisor(active),
+                     "average")
         avg_jit = jax.jit(lambda v: jc.allreduce(v, "average", name="j.avg.jit"))(x)
         assert_close(np.asarray(avg_jit), np.asarray(avg), "average under jit")
         grouped = jc.grouped_allreduce({"a": x, "b": x * 2}, "average", name="j.grouped")
@@ -118,10 +129,11 @@ elif scenario == "semantics":
         flags = jnp.asarray(np.array([True, rank == 0, False]))
         assert np.array_equal(np.asarray(jc.allreduce(flags, "min", name="j.and")), [True, len(active) == 1, False])
         assert np.array_equal(np.asarray(jc.allreduce(flags, "max", name="j.or")), [True, True, False])
-        # reducescatter: zeros from the joined rank, average over the others; slices as usual.
+        # reducescatter: zeros from the joined rank, averaged as allreduce; slices as usual.
         full = [np.arange(2.0 * size) * (r + 1) for r in active]
         rs = jc.reducescatter(jnp.asarray(full[rank]), "average", name="j.rs")
-        assert_close(np.asarray(rs), np.mean(full, axis=0)[2 * rank:2 * rank + 2], "reducescatter average")
+        assert_close(np.asarray(rs), (np.sum(full, axis=0) / divisor(active))[2 * rank:2 * rank + 2],
+                     "reducescatter average")
         rs = jax.jit(lambda v: jc.reducescatter(v, "sum", name="j.rs.jit"))(jnp.asarray(full[rank]))
         assert_close(np.asarray(rs), np.sum(full, axis=0)[2 * rank:2 * rank + 2], "reducescatter sum jit")
         # allgather (eager): no rows from the joined rank.
@@ -142,7 +154,7 @@ elif scenario == "semantics":
         elif size > 2:
             # Two ranks joined: rank 0 alone.
             avg = jc.allreduce(x, "average", name="j.avg")
-            assert_close(np.asarray(avg), np.asarray(x), "average with two ranks joined")
+            assert_close(np.asarray(avg), np.asarray(x) / divisor([0]), "average with two ranks joined")
             assert jc.allgather(jnp.ones(1), name="j.ag").shape == (1,)
             assert jc.join() == 0
         else:

@@ -220,7 +220,8 @@ elif scenario == "join":
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.2)
     for t in range(max(steps)):
         active = [r for r in range(SIZE) if steps[r] > t]
-        # Single process: the average of the active ranks' gradients.
+        # Single process: the active ranks' gradients summed and divided by the size
+        # (Horovod's rule after join(): joined ranks count as zeros).
         grads = []
         for r in active:
             ref.zero_grad()
@@ -228,7 +229,7 @@ elif scenario == "join":
             torch.nn.functional.cross_entropy(ref(x.double()), y).backward()
             grads.append([p.grad.clone() for p in ref.parameters()])
         for p, *gs in zip(ref.parameters(), *grads):
-            p.grad = sum(gs) / len(gs)
+            p.grad = sum(gs) / SIZE
         ref_opt.step()
         if RANK in active:
             opt.zero_grad()
@@ -237,15 +238,16 @@ elif scenario == "join":
             opt.step()
             metric = jct.allgather(torch.tensor([float(t)]), name="metric")
             assert metric.tolist() == [float(t)] * len(active), metric
-            assert jct.reducescatter(torch.full((SIZE,), 2.0 * RANK), op="average", name="rs").tolist() == \
-                [2.0 * np.mean(active)]
-            # A sparse gradient: averaged over the ranks that have not joined, like dense ones.
+            np.testing.assert_allclose(
+                jct.reducescatter(torch.full((SIZE,), 2.0 * RANK), op="average", name="rs").numpy(),
+                [2.0 * sum(active) / SIZE], rtol=1e-6)
+            # A sparse gradient: divided by the size, like dense ones.
             def sparse_of(r):
                 return torch.sparse_coo_tensor(torch.tensor([[r % 4, (r + t) % 4]]),
                                                torch.tensor([1.0 + r, 2.0 * t + r]), (4,),
                                                check_invariants=True)
             got = jct.synchronize(jct.sparse_allreduce_async(sparse_of(RANK), "sparse", jct.Average))
-            want = sum(sparse_of(r).to_dense() for r in active) / len(active)
+            want = sum(sparse_of(r).to_dense() for r in active) / SIZE
             torch.testing.assert_close(got.to_dense(), want, rtol=1e-6, atol=0)
             # SyncBatchNorm: normalized with the active ranks' batches (sizes differ per rank),
             # and its input gradient matches single-process batch norm over them.

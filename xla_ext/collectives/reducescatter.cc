@@ -99,7 +99,7 @@ class Reducescatter final : public Collective {
     ops.stats().bytes_reduced += spec.NumBytes();
     void* out = r.outputs[t];
     AdviseHugePages(out, counts[ops.comm().rank()] * ElementSize(spec.dtype));
-    const double post = sig.op == ReduceOp::kAverage ? sig.postscale / ops.Contributors(r) : sig.postscale;
+    const double post = sig.op == ReduceOp::kAverage ? sig.postscale / ops.AverageDivisor(r) : sig.postscale;
     if (size > 1 && (size <= kPairwiseRanks || static_cast<int64_t>(spec.NumBytes()) >= kPairwiseBytes)) {
       co_await Pairwise(ops, r.inputs[t], out, counts, spec.dtype, sig.op, sig.prescale, post);
       co_return;
