@@ -93,9 +93,12 @@ def keep_until_done(pending: Pending) -> None:
 def submit(kind: int, name: str, inputs: Sequence, outputs: Sequence[np.ndarray],
            codes: Sequence[int], *, op: int = 0, prescale: float = 1.0, postscale: float = 1.0,
            root: int = 0, device: int = Device.CPU, process_set: int = 0, world_size: int = -1,
-           refuse_duplicate: bool = False, keepalive: Any = None) -> Pending:
+           refuse_duplicate: bool = False, keepalive: Any = None, drive: bool = True) -> Pending:
     """Submits a request whose outputs the caller provides (allreduce, broadcast,
     reducescatter).
+
+    `drive`: the caller runs the cycles of a small request itself before returning (for a
+    caller about to wait); False (an async call) returns at once, and the first wait drives.
 
     `refuse_duplicate`: a name still in flight fails at once (Horovod's rule for names
     the user gave) instead of queueing behind it. `world_size`: the set size the outputs
@@ -105,20 +108,20 @@ def submit(kind: int, name: str, inputs: Sequence, outputs: Sequence[np.ndarray]
     outputs = [bits(o) for o in outputs]
     native = ext.submit(kind, name, inputs, outputs, op, float(prescale), float(postscale), int(root),
                         list(codes), refuse_if_in_flight=refuse_duplicate, device=device,
-                        process_set=process_set, world_size=world_size)
+                        process_set=process_set, world_size=world_size, drive=drive)
     return Pending(native, inputs, outputs, keepalive)
 
 
 def submit_allocated(kind: int, name: str, inputs: Sequence, codes: Sequence[int], *,
                      splits: Sequence[int] = (), device: int = Device.CPU, process_set: int = 0,
                      world_size: int = -1, refuse_duplicate: bool = False,
-                     keepalive: Any = None) -> Pending:
+                     keepalive: Any = None, drive: bool = True) -> Pending:
     """Submits an allgather or alltoall, whose outputs the runtime sizes from what the
     ranks agreed (`splits`: an alltoall's rows for each rank; empty: equal blocks)."""
     inputs = [_exported(x) for x in inputs]
     native = ext.submit_allocated(kind, name, inputs, list(splits), list(codes),
                                   refuse_if_in_flight=refuse_duplicate, device=device,
-                                  process_set=process_set, world_size=world_size)
+                                  process_set=process_set, world_size=world_size, drive=drive)
     return Pending(native, inputs, (), keepalive)
 
 

@@ -44,6 +44,9 @@ struct Handle {
   // Outputs the executor allocated (allgather with agreed sizes, alltoall).
   std::shared_ptr<OutputStore> store;
   int32_t value = -1;  // join(): the rank that joined last
+  // Submitted without driving (an async call): its first waiter drives it.
+  std::weak_ptr<Runtime> runtime;
+  int32_t process_set = 0;
 
   void Finish(const Status& st) {
     std::lock_guard<std::mutex> lock(mu);
@@ -78,6 +81,10 @@ std::pair<int, std::string> WaitInterruptibly(Handle& h) {
     Count() { ++waiters; }
     ~Count() { --waiters; }
   } count;
+  if (auto runtime = h.runtime.lock(); runtime && !h.Poll()) {
+    nb::gil_scoped_release release;
+    runtime->DriveUntil(h.process_set, [&h] { return h.Poll(); });
+  }
   for (;;) {
     bool done;
     {
@@ -149,7 +156,9 @@ std::shared_ptr<ProcessSet> SetOf(const Runtime& rt, int32_t id) {
 
 // Submits `s` with a handle for its outcome; a submission the runtime refuses
 // gives a handle that has failed already (its wait() returns why).
-std::shared_ptr<Handle> Track(Submission s, bool join_value = false) {
+// `drive`: the submitter drives small requests' cycles itself (a blocking call);
+// otherwise (an async call) it returns at once and the first waiter drives.
+std::shared_ptr<Handle> Track(Submission s, bool join_value = false, bool drive = true) {
   auto handle = std::make_shared<Handle>();
   PreparedRequest p = MakeRequest(std::move(s));
   if (!p.request) {
@@ -160,9 +169,13 @@ std::shared_ptr<Handle> Track(Submission s, bool join_value = false) {
   if (join_value) req->outputs.push_back(&handle->value);  // the handle outlives the request
   handle->store = req->store;
   req->done = Completion([handle](const Status& st) { handle->Finish(st); }, /*cheap=*/true);
-  const bool drive = req->sig.NumBytes() <= kInlineBytes;
+  const bool small = req->sig.NumBytes() <= kInlineBytes;
+  if (!drive && small) {
+    handle->runtime = p.runtime;
+    handle->process_set = req->process_set;
+  }
   nb::gil_scoped_release release;  // driving may wait for the other ranks a little
-  p.runtime->Submit(std::move(req), drive);
+  p.runtime->Submit(std::move(req), drive && small);
   return handle;
 }
 
@@ -208,12 +221,12 @@ Submission FromArrays(int kind, const std::string& name, const std::vector<InArr
 std::shared_ptr<Handle> SubmitAllocated(int kind, const std::string& name, std::vector<InArray> inputs,
                                         std::vector<int64_t> splits, std::vector<int> dtype_codes,
                                         bool refuse_if_in_flight, int device, int32_t process_set,
-                                        int64_t world_size) {
+                                        int64_t world_size, bool drive) {
   Submission s = FromArrays(kind, name, inputs, dtype_codes, refuse_if_in_flight, device,
                             process_set, world_size);
   s.sig.splits = std::move(splits);
   s.allocate_outputs = true;
-  return Track(std::move(s));
+  return Track(std::move(s), false, drive);
 }
 
 // The executor's outputs as (bytes, shape) pairs; the arrays keep them alive.
@@ -234,7 +247,8 @@ std::shared_ptr<Handle> SubmitArrays(int kind, const std::string& name,
                                      std::vector<InArray> inputs, std::vector<OutArray> outputs,
                                      int op, double prescale, double postscale, int root,
                                      std::vector<int> dtype_codes, bool refuse_if_in_flight,
-                                     int device, int32_t process_set, int64_t world_size) {
+                                     int device, int32_t process_set, int64_t world_size,
+                                     bool drive) {
   Submission s = FromArrays(kind, name, inputs, dtype_codes, refuse_if_in_flight, device,
                             process_set, world_size);
   s.sig.op = Checked<ReduceOp>(op, kNumReduceOps, "reduce op");
@@ -247,7 +261,7 @@ std::shared_ptr<Handle> SubmitArrays(int kind, const std::string& name,
     s.outputs.push_back(o.data());
     s.output_bytes.push_back(o.size() * o.itemsize());
   }
-  return Track(std::move(s));
+  return Track(std::move(s), false, drive);
 }
 
 template <typename T>
@@ -436,9 +450,11 @@ NB_MODULE(_jaxcache_ext, m) {
         nb::arg("outputs").noconvert(), nb::arg("op") = 0, nb::arg("prescale") = 1.0,
         nb::arg("postscale") = 1.0, nb::arg("root") = 0,
         nb::arg("dtype_codes") = std::vector<int>(), nb::arg("refuse_if_in_flight") = false,
-        nb::arg("device") = 0, nb::arg("process_set") = 0, nb::arg("world_size") = -1);
+        nb::arg("device") = 0, nb::arg("process_set") = 0, nb::arg("world_size") = -1,
+        nb::arg("drive") = true);
   m.def("submit_allocated", &SubmitAllocated, nb::arg("kind"), nb::arg("name"),
         nb::arg("inputs").noconvert(), nb::arg("splits") = std::vector<int64_t>(),
         nb::arg("dtype_codes") = std::vector<int>(), nb::arg("refuse_if_in_flight") = false,
-        nb::arg("device") = 0, nb::arg("process_set") = 0, nb::arg("world_size") = -1);
+        nb::arg("device") = 0, nb::arg("process_set") = 0, nb::arg("world_size") = -1,
+        nb::arg("drive") = true);
 }

@@ -267,10 +267,25 @@ void Runtime::Submit(RequestPtr req, bool drive) {
     if (!scope.done()) wakeup_.Notify();
     return;
   }
+  Drive(*set, lock, [&scope] { return scope.done(); });
+}
+
+void Runtime::DriveUntil(int32_t set_id, const std::function<bool()>& done) {
+  if (config_.inline_spin_us <= 0 || config_.cycle_time_ms > 0) return;
+  std::shared_ptr<ProcessSet> set = Set(set_id);
+  if (!set) return;
+  std::unique_lock<std::mutex> lock(set->driver(), std::try_to_lock);
+  if (!lock.owns_lock() || set->stopped()) return;  // the driver completes it
+  Drive(*set, lock, done);
+}
+
+void Runtime::Drive(ProcessSet& set_ref, std::unique_lock<std::mutex>& lock,
+                    const std::function<bool()>& done) {
+  ProcessSet* set = &set_ref;
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::microseconds(static_cast<int64_t>(config_.inline_spin_us));
   try {
-    while (!scope.done() && !set->stopped()) {
+    while (!done() && !set->stopped()) {
       // A cycle that finished without completing ours starts the next at once.
       if (set->Advance(IntentFor(*set))) continue;
       // Data moving between ranks that are all here (at most kInlineBytes of
@@ -290,7 +305,7 @@ void Runtime::Submit(RequestPtr req, bool drive) {
   const bool more = set->cycle_in_flight() || set->table().HasActive() || set->stopped();
   lock.unlock();
   // Not done in time (or more to do): the background thread takes over.
-  if (!scope.done() || more) wakeup_.Notify();
+  if (!done() || more) wakeup_.Notify();
 }
 
 void Runtime::Loop() {

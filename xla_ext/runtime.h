@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -51,6 +52,10 @@ class Runtime {
   // whose peers are ready completes on the calling thread, with no thread
   // hand-off at all (docs/control_plane.md, "Who drives the cycles").
   void Submit(RequestPtr req, bool drive = false);
+  // A waiter's turn to drive: when no other thread drives process set `set_id`,
+  // runs its cycles until `done()` holds or JAXCACHE_INLINE_SPIN_US passes (an
+  // async request submitted without driving is then driven by whoever waits).
+  void DriveUntil(int32_t set_id, const std::function<bool()>& done);
 
   // Registers process set `id` over a duplicate of `comm` (collective over its
   // members; only members call it). Throws if the id is taken.
@@ -81,6 +86,9 @@ class Runtime {
   // The sets as they are now (the loop works on a snapshot).
   std::vector<std::shared_ptr<ProcessSet>> Sets() const;
   CycleIntent IntentFor(const ProcessSet& set) const;
+  // Runs `set`'s cycles on this thread (its driver lock held) until `done()`,
+  // the set stops, or the spin time passes; then hands over to the background thread.
+  void Drive(ProcessSet& set, std::unique_lock<std::mutex>& lock, const std::function<bool()>& done);
   // A failure outside every fault-handling step: ends the job (see runtime.cc).
   [[noreturn]] void Fatal(const std::exception& e);
   // Waits until `done()` holds or `seconds` pass (done_cv_ is notified whenever a set stops).

@@ -239,7 +239,7 @@ class _DistributedMixin:
             unit.handle = ops.submit(Kind.ALLREDUCE, unit.name, dense, inplace=True,
                                      op=self._jc_op_code, prescale=self._jc_pre,
                                      postscale=self._jc_post, single=False, bump=False,
-                                     process_set=self._jc_set)
+                                     process_set=self._jc_set, drive=True)
         unit.submitted = True
         self._jc_pending.append(unit)
 

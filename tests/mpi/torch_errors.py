@@ -101,6 +101,17 @@ raises(ValueError, r"'held' is already in flight on this rank", jct.allreduce_as
 assert np.array_equal(jct.synchronize(held).numpy(), np.full(3, SIZE, np.float32))
 assert np.array_equal(jct.allreduce(x, op="sum", name="held").numpy(), np.full(3, SIZE, np.float32))
 
+# An async call returns before its request is done (Horovod's poll() after *_async): it leaves
+# the cycles to the background thread, and the first synchronize() drives them.
+jct.barrier()
+handles, polled = [], []
+for i in range(20):
+    handles.append(jct.allreduce_async(torch.full((4,), float(i + RANK)), op="sum", name=f"async.{i}"))
+    polled.append(handles[-1].poll())
+assert not all(polled), "every async allreduce was done when its call returned"
+for i, h in enumerate(handles):
+    assert np.array_equal(jct.synchronize(h).numpy(), np.full(4, SIZE * i + SIZE * (SIZE - 1) / 2, np.float32))
+
 # --- DistributedOptimizer ---------------------------------------------------------------------------
 model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
 params = list(model.named_parameters())
