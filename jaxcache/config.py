@@ -42,6 +42,8 @@ Config = dataclasses.make_dataclass(
 
 # The variable behind each setting (for messages).
 VARIABLES = {s.field: s.variable for s in SETTINGS}
+# Horovod's variable for a setting, read when the JAXCACHE_* one is unset (horovodrun jobs).
+HOROVOD_ALIASES = protocol.horovod_aliases()
 _LOCAL = frozenset(s.field for s in SETTINGS if s.scope == SettingScope.LOCAL)
 
 
@@ -69,7 +71,22 @@ def _flag(var: str, default: bool) -> bool:
     raise ValueError(f"{var}={raw!r}: expected 0/1, true/false, yes/no or on/off")
 
 
+def _source(s: Setting) -> str:
+    """The variable a setting is read from: its own, or Horovod's when only that is set."""
+    alias = HOROVOD_ALIASES.get(s.field)
+    if alias and os.environ.get(s.variable, "").strip() == "" and os.environ.get(alias, "").strip():
+        return alias
+    return s.variable
+
+
+def horovod_variables_used() -> list[str]:
+    """'HOROVOD_X=value (as JAXCACHE_Y)' for every Horovod variable this environment applies."""
+    return [f"{_source(s)}={os.environ[_source(s)].strip()} (as {s.variable})"
+            for s in SETTINGS if _source(s) != s.variable]
+
+
 def _read(s: Setting):
+    s = s._replace(variable=_source(s))
     if s.type == SettingType.INT:
         return _number(s.variable, s.default, int, int(s.minimum))
     if s.type == SettingType.FLOAT:

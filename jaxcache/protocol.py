@@ -38,3 +38,8 @@ def error_class_name(kind: ErrorKind) -> str:
 def settings_table() -> list[tuple]:
     """(field, SettingType, default, variable, minimum, SettingScope) for every setting."""
     return [tuple(row) for row in ext.settings_table()]
+
+
+def horovod_aliases() -> dict[str, str]:
+    """{field: HOROVOD_* variable} read when the setting's JAXCACHE_* variable is unset."""
+    return dict(ext.horovod_aliases())

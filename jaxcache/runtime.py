@@ -47,6 +47,10 @@ def init(comm: MPI.Comm | None = None, process_sets: Sequence | None = None) -> 
         )
     cfg = _config.synchronize(comm, _settings_everywhere(comm))
     ext.init(MPI._addressof(comm), cfg.as_dict())
+    horovod = _config.horovod_variables_used()
+    if horovod and comm.rank == 0:  # rank 0's settings are the job's
+        print("jaxcache: applying Horovod's settings where the JAXCACHE_* variable is unset: "
+              + ", ".join(horovod), file=sys.stderr, flush=True)
     if not _allocator_logged:
         _allocator_logged = True
         logging.getLogger("jaxcache").info("malloc settings (jaxcache.allocator): %s",

@@ -146,6 +146,29 @@ def test_env_values_parse_with_jaxcache_config(monkeypatch):
     assert cfg.stall_check_s == 0.0
 
 
+def test_horovod_variables_apply_where_ours_are_unset(monkeypatch):
+    """A job tuned for horovodrun keeps its tuning: HOROVOD_* is read when JAXCACHE_* is unset."""
+    from jaxcache import config
+
+    for s in config.SETTINGS:
+        monkeypatch.delenv(s.variable, raising=False)
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "5")
+    monkeypatch.setenv("HOROVOD_DISABLE_GROUP_FUSION", "1")
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "1048576")
+    monkeypatch.setenv("HOROVOD_CACHE_CAPACITY", "7")
+    monkeypatch.setenv("JAXCACHE_CACHE_CAPACITY", "64")  # ours wins
+    cfg = config.from_env()
+    assert (cfg.cycle_time_ms, cfg.group_fusion, cfg.fusion_threshold, cfg.cache_capacity) == \
+        (5.0, False, 1048576, 64)
+    assert sorted(config.horovod_variables_used()) == [
+        "HOROVOD_CYCLE_TIME=5 (as JAXCACHE_CYCLE_TIME)",
+        "HOROVOD_DISABLE_GROUP_FUSION=1 (as JAXCACHE_DISABLE_GROUP_FUSION)",
+        "HOROVOD_FUSION_THRESHOLD=1048576 (as JAXCACHE_FUSION_THRESHOLD)"]
+    monkeypatch.setenv("HOROVOD_STALL_CHECK_TIME_SECONDS", "soon")
+    with pytest.raises(ValueError, match="HOROVOD_STALL_CHECK_TIME_SECONDS='soon'"):
+        config.from_env()
+
+
 def test_no_flags_no_env():
     assert run.env_from_args(args_for("-np", "2", "x.py"), environ={"PATH": "/bin"}) == {}
 

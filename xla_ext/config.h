@@ -69,6 +69,18 @@ struct Config {
 #undef JAXCACHE_SETTING_FIELD
 };
 
+// Horovod's variable for a setting, read (with the same meaning and units) when the
+// JAXCACHE_* one is unset, so that jobs tuned for horovodrun keep their tuning.
+#define JAXCACHE_HOROVOD_ALIASES(X)                         \
+  X(cache_capacity, "HOROVOD_CACHE_CAPACITY")               \
+  X(cycle_time_ms, "HOROVOD_CYCLE_TIME")                    \
+  X(fusion_threshold, "HOROVOD_FUSION_THRESHOLD")           \
+  X(group_fusion, "HOROVOD_DISABLE_GROUP_FUSION")           \
+  X(stall_check_s, "HOROVOD_STALL_CHECK_TIME_SECONDS")      \
+  X(stall_shutdown_s, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS") \
+  X(timeline_path, "HOROVOD_TIMELINE")                      \
+  X(timeline_mark_cycles, "HOROVOD_TIMELINE_MARK_CYCLES")
+
 struct Stats {
   std::atomic<int64_t> cycles{0}, coordinator_rounds{0}, bitvector_syncs{0}, cache_hits{0},
       cache_misses{0}, cache_evictions{0}, cache_invalidations{0}, responses_executed{0},

@@ -41,6 +41,17 @@ nb::list SettingsTable() {
   return table;
 }
 
+// {field: Horovod's variable} for the settings that have one.
+nb::dict HorovodAliases() {
+  nb::dict aliases;
+#define JAXCACHE_HOROVOD_ALIAS(name, variable) \
+  static_cast<void>(&Config::name);            \
+  aliases[#name] = variable;
+  JAXCACHE_HOROVOD_ALIASES(JAXCACHE_HOROVOD_ALIAS)
+#undef JAXCACHE_HOROVOD_ALIAS
+  return aliases;
+}
+
 }  // namespace
 
 Config ConfigFromDict(const nb::dict& d) {
@@ -73,6 +84,8 @@ void BindProtocol(nb::module_& m) {
   m.def("element_size", [](DType d) { return ElementSize(d); }, nb::arg("dtype"));
   m.def("settings_table", &SettingsTable,
         "Every runtime setting: (field, SettingType, default, variable, minimum, SettingScope).");
+  m.def("horovod_aliases", &HorovodAliases,
+        "{field: HOROVOD_* variable} read when the setting's JAXCACHE_* variable is unset.");
 }
 
 }  // namespace jaxcache
