@@ -297,6 +297,13 @@ class _DistributedMixin:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._jc_synced and not self._jc_skip_sync:
+            # Horovod reduces again here; the gradients are already reduced, so this only
+            # says that the call pattern differs from Horovod's documented one.
+            warnings.warn("jaxcache.torch: optimizer.step() called without optimizer.skip_synchronize() "
+                          "after optimizer.synchronize(); the gradients are not reduced again "
+                          "(Horovod would reduce them twice): wrap step() in "
+                          "`with optimizer.skip_synchronize():`", UserWarning, stacklevel=2)
         if not (self._jc_synced or self._jc_skip_sync):
             self.synchronize()
         result = super().step()
@@ -384,7 +391,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
     To change gradients before the update (e.g. clip_grad_norm_), call synchronize() first,
     then step() inside `with opt.skip_synchronize():` (step() after synchronize() does not
-    reduce again either way). A parameter without a gradient on some rank contributes zeros.
+    reduce again either way; without the context it warns, as Horovod's). A parameter without a gradient on some rank contributes zeros.
     zero_grad() while reductions are in flight raises. process_set: gradients are reduced
     (averaged) over that set's ranks only; on a rank outside it the optimizer steps with its
     local gradients (Horovod's rule). The returned object is an instance of a
