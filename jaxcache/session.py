@@ -67,10 +67,9 @@ def settings() -> config.Config:
     return _current.settings if _current is not None else config.Config()
 
 
-def average_divisor(size: int, contributors: int) -> int:
+def average_divisor(size: int, contributors):
     """What an average divides by when `contributors` of a set of `size` ranks have not
-    joined (0: all): the size (Horovod's rule), or with JAXCACHE_JOIN_AVERAGE_BY_SIZE=0 the
-    contributors. The runtime applies the same rule to dense tensors (operations.h)."""
-    if settings().join_average_by_size or not contributors:
-        return size
-    return contributors
+    joined: the size (Horovod's rule), or with JAXCACHE_JOIN_AVERAGE_BY_SIZE=0 the
+    contributors (a number or a tensor). The runtime applies the same rule to dense
+    tensors (Operations::AverageDivisor)."""
+    return size if settings().join_average_by_size else contributors

@@ -26,10 +26,9 @@ def reduce_slices(slices: list, names: list[str], op: str, fn: str, ps: Resolved
     indices = [tf.convert_to_tensor(s.indices) for s in slices]
     gathered = ops.run_allocated(Kind.ALLGATHER, list(names), [[v, i] for v, i in zip(values, indices)],
                                  process_set=ps)
-    by_size = session.settings().join_average_by_size
     out = []
     for s, ((v, i), _, contributors) in zip(slices, gathered):
-        if op == "average":  # (contributors: a tensor in graph mode, never 0)
-            v = v / tf.cast(ps.size if by_size else contributors, v.dtype)
+        if op == "average":  # (contributors: a tensor in graph mode)
+            v = v / tf.cast(session.average_divisor(ps.size, contributors), v.dtype)
         out.append(tf.IndexedSlices(v, i, dense_shape=s.dense_shape))
     return out

@@ -41,7 +41,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     def result() -> torch.Tensor:
         all_idx, all_val = ops.synchronize(handle)
         if op == "average":
-            all_val = all_val / session.average_divisor(ps.size, handle.contributors)
+            all_val = all_val / session.average_divisor(ps.size, handle.contributors or ps.size)
         # The indices are the ranks' own valid ones: no invariant check (and no warning).
         return torch.sparse_coo_tensor(all_idx.t(), all_val, shape, check_invariants=False)
 
