@@ -18,6 +18,10 @@ passed with `-genv` (Hydra) or `-x` (Open MPI) so that they also reach ranks on
 other hosts; JAXCACHE_* variables already set in the environment are passed on
 the same way (the runtime requires identical settings on every rank).
 
+Every rank starts in jaxcache/_worker_env.py, which sets horovodrun's per-worker
+variables (HOROVOD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _CROSS_RANK, _CROSS_SIZE,
+_HOSTNAME) from the launcher's own and the host list, then execs the script.
+
 Every rank also gets five glibc malloc tunables in GLIBC_TUNABLES (added to what
 the variable holds; a tunable the user set, there or through glibc's MALLOC_*
 variable, keeps the user's value; --no-malloc-tuning leaves the variable alone):
@@ -56,11 +60,13 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from . import allocator
+from . import _worker_env, allocator
 
 MPICH, OPENMPI = "mpich", "openmpi"
 FAMILY_NAMES = {MPICH: "MPICH (Hydra)", OPENMPI: "Open MPI"}
 MIB = 1 << 20
+
+WORKER_ENV = _worker_env.__file__  # run by path: no jaxcache import before the script's own
 
 # Variables an Open MPI job needs on remote hosts (Hydra forwards the whole environment).
 OPENMPI_FORWARD = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV")
@@ -230,9 +236,20 @@ def env_from_args(args: argparse.Namespace, environ: dict | None = None) -> dict
 allocator_env = allocator.launcher_env
 
 
+def worker_hosts(args: argparse.Namespace) -> str:
+    """The job's hosts as `h1:2,h2:2` for the ranks' HOROVOD_CROSS_* ('' for one host)."""
+    if args.hostfile:
+        try:
+            return _worker_env.format_hosts(_worker_env.parse_hostfile(args.hostfile))
+        except (OSError, ValueError) as e:
+            raise LauncherError(f"jaxcache.run: cannot read --hostfile {args.hostfile}: {e}") from e
+    return args.hosts or ""
+
+
 def build_command(args: argparse.Namespace, launcher: Launcher, env: dict[str, str],
                   python: str | None = None, environ: dict | None = None) -> list[str]:
-    """The mpirun command line for `launcher`'s family."""
+    """The mpirun command line for `launcher`'s family. Every rank starts in
+    `_worker_env.py`, which sets horovodrun's per-rank variables and execs the script."""
     environ = os.environ if environ is None else environ
     cmd = [launcher.path, "-np", str(args.np)]
     if launcher.family == MPICH:
@@ -253,7 +270,7 @@ def build_command(args: argparse.Namespace, launcher: Launcher, env: dict[str, s
         for k, v in sorted(env.items()):
             cmd += ["-x", f"{k}={v}"]
     cmd += list(args.mpi_args)
-    cmd += [python or sys.executable, args.script, *args.script_args]
+    cmd += [python or sys.executable, WORKER_ENV, worker_hosts(args), args.script, *args.script_args]
     return cmd
 
 
@@ -333,7 +350,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LauncherError as e:
         print(str(e), file=sys.stderr)
         return 2
-    cmd = build_command(args, launcher, env)
+    try:
+        cmd = build_command(args, launcher, env)
+    except LauncherError as e:
+        print(str(e), file=sys.stderr)
+        return 2
     if args.dry_run:
         print(shlex.join(cmd))
         return 0

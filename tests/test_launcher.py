@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxcache import run
+from jaxcache import _worker_env, run
 
 
 HYDRA_VERSION = """HYDRA build details:
@@ -200,7 +200,7 @@ def test_hydra_command():
     assert cmd == ["/venv/bin/mpirun", "-np", "4", "-hosts", "h1:2,h2:2",
                    "-genv", "JAXCACHE_CYCLE_TIME", "1",
                    "-genv", "JAXCACHE_FUSION_THRESHOLD", str(16 << 20),
-                   "/venv/bin/python", "train.py", "--epochs", "3", "-np", "9"]
+                   "/venv/bin/python", run.WORKER_ENV, "h1:2,h2:2", "train.py", "--epochs", "3", "-np", "9"]
 
 
 def test_openmpi_command():
@@ -211,13 +211,45 @@ def test_openmpi_command():
                             environ={"PATH": "/bin", "PYTHONPATH": "/src"})
     assert cmd == ["/usr/bin/mpirun", "-np", "4", "--host", "h1:2,h2:2",
                    "-x", "PATH", "-x", "PYTHONPATH", "-x", "JAXCACHE_CACHE_CAPACITY=128",
-                   "--bind-to", "none", "/py", "train.py", "--lr", "0.1"]
+                   "--bind-to", "none", "/py", run.WORKER_ENV, "h1:2,h2:2", "train.py", "--lr", "0.1"]
 
 
-def test_hostfile_both_families():
-    args = args_for("-np", "8", "--hostfile", "hosts.txt", "t.py")
-    assert run.build_command(args, HYDRA, {}, python="p", environ={})[3:5] == ["-f", "hosts.txt"]
-    assert run.build_command(args, OMPI, {}, python="p", environ={})[3:5] == ["--hostfile", "hosts.txt"]
+def test_hostfile_both_families(tmp_path):
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text("# two nodes\nn1:4\nn2 slots=2 max_slots=8\n\nn3\n")
+    args = args_for("-np", "8", "--hostfile", str(hostfile), "t.py")
+    for launcher, flag in ((HYDRA, "-f"), (OMPI, "--hostfile")):
+        cmd = run.build_command(args, launcher, {}, python="p", environ={})
+        assert cmd[3:5] == [flag, str(hostfile)]
+        assert cmd[-4:] == ["p", run.WORKER_ENV, "n1:4,n2:2,n3:1", "t.py"]
+    args = args_for("-np", "8", "--hostfile", str(tmp_path / "missing"), "t.py")
+    with pytest.raises(run.LauncherError, match="cannot read --hostfile"):
+        run.build_command(args, HYDRA, {}, python="p", environ={})
+
+
+def test_worker_placement_follows_the_launchers():
+    """Slots filled host by host, wrapping around: horovodrun's rank -> host assignment."""
+    hosts = _worker_env.parse_hosts("a:2,b:2")
+    assert _worker_env.placement(hosts, 4) == [0, 0, 1, 1]
+    assert _worker_env.placement(_worker_env.parse_hosts("a,b"), 5) == [0, 1, 0, 1, 0]
+    hydra = {"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}
+    assert _worker_env.horovod_variables(hydra, hosts) == {
+        "HOROVOD_RANK": "3", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2",
+        "HOROVOD_CROSS_RANK": "1", "HOROVOD_CROSS_SIZE": "2", "HOROVOD_HOSTNAME": "b"}
+    ompi = {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}
+    # uneven: local rank 1 exists on host a only, local rank 0 on both
+    assert _worker_env.horovod_variables(ompi, _worker_env.parse_hosts("a:2,b:1")) == {
+        "HOROVOD_RANK": "2", "HOROVOD_SIZE": "3", "HOROVOD_LOCAL_RANK": "0", "HOROVOD_LOCAL_SIZE": "1",
+        "HOROVOD_CROSS_RANK": "1", "HOROVOD_CROSS_SIZE": "2", "HOROVOD_HOSTNAME": "b"}
+    # one host: horovodrun's "localhost"
+    one = {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}
+    assert _worker_env.horovod_variables(one, [])["HOROVOD_HOSTNAME"] == "localhost"
+    # placement changed behind our back (-ppn in --mpi-args): no guessed cross variables
+    moved = {"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"}
+    got = _worker_env.horovod_variables(moved, hosts)
+    assert "HOROVOD_CROSS_RANK" not in got and got["HOROVOD_RANK"] == "1"
+    assert _worker_env.horovod_variables({}, hosts) == {}
 
 
 def test_hosts_and_hostfile_exclusive(capsys):
@@ -230,7 +262,7 @@ def test_module_instead_of_script(capsys):
     assert args.script == "-m" and args.script_args == ["jaxcache.bench", "--tensors", "10", "-np", "3"]
     assert args.np == 2 and args.cycle_time_ms == 1.0
     cmd = run.build_command(args, HYDRA, {}, python="/py", environ={})
-    assert cmd[cmd.index("/py"):] == ["/py", "-m", "jaxcache.bench", "--tensors", "10", "-np", "3"]
+    assert cmd[cmd.index("/py"):] == ["/py", run.WORKER_ENV, "", "-m", "jaxcache.bench", "--tensors", "10", "-np", "3"]
     with pytest.raises(SystemExit):
         args_for("-np", "2", "-m")
     assert "-m needs a module name" in capsys.readouterr().err
@@ -259,7 +291,7 @@ def test_dry_run_for_mocked_families(monkeypatch, capsys):
         out = capsys.readouterr().out.strip()
         assert out.startswith(f"{launcher.path} -np 3 ")
         assert flag in out
-        assert out.endswith(f"{sys.executable} t.py 'a b'")
+        assert out.endswith(f"{sys.executable} {run.WORKER_ENV} '' t.py 'a b'")
 
 
 def test_dry_run_malloc_tuning_flag(monkeypatch, capsys):
@@ -457,3 +489,28 @@ def test_exit_status_is_the_jobs(tmp_path):
     script.write_text("import sys\nsys.exit(3)\n")
     rc, out = run_launcher(["-np", "2", str(script)], tmp_path)
     assert rc == 3, out
+
+
+HOROVOD_ENV = textwrap.dedent("""
+    import os, sys
+    import jaxcache
+    jaxcache.init()
+    names = ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE", "HOSTNAME")
+    got = " ".join(f"{n}=" + os.environ.get("HOROVOD_" + n, "-") for n in names)
+    print(f"rank {jaxcache.rank()}/{jaxcache.size()} argv={sys.argv[1:]} {got}", flush=True)
+""")
+
+
+def test_real_run_sets_horovodruns_worker_variables(tmp_path):
+    """Each rank sees horovodrun's HOROVOD_* variables; Hydra runs 'localhost' and '127.0.0.1'
+    as two hosts on this machine, so the cross rank and size are real."""
+    script = tmp_path / "hvd_env.py"
+    script.write_text(HOROVOD_ENV)
+    rc, out = run_launcher(["-np", "3", "--hosts", "localhost:2,127.0.0.1:1", str(script), "-x"], tmp_path)
+    assert rc == 0, out
+    expected = {0: "RANK=0 SIZE=3 LOCAL_RANK=0 LOCAL_SIZE=2 CROSS_RANK=0 CROSS_SIZE=2 HOSTNAME=localhost",
+                1: "RANK=1 SIZE=3 LOCAL_RANK=1 LOCAL_SIZE=2 CROSS_RANK=0 CROSS_SIZE=1 HOSTNAME=localhost",
+                2: "RANK=2 SIZE=3 LOCAL_RANK=0 LOCAL_SIZE=1 CROSS_RANK=1 CROSS_SIZE=2 HOSTNAME=127.0.0.1"}
+    for r, line in expected.items():
+        assert f"rank {r}/3 argv=['-x'] {line}" in out, out
+
