@@ -354,11 +354,30 @@ Task<> Comm::ReducescatterData(const void* in, void* out, const std::vector<int6
   }
 }
 
-Task<> Comm::AlltoallData(const void* in, const std::vector<int64_t>& send, void* out,
-                          const std::vector<int64_t>& recv, int64_t largest) {
-  if (std::max(Sum(send), Sum(recv)) <= max_count_) {
-    if (AllEqual(send) && AllEqual(recv) && send[0] == recv[0]) {
-      const int n = static_cast<int>(send[0]);
+Task<> Comm::AlltoallData(const void* in, void* out, const std::vector<int64_t>& bytes) {
+  // Every choice below is made from `bytes`, which every rank holds alike: a rank deciding
+  // from its own counts alone (all zero on a rank that sends and receives nothing) would call
+  // MPI_Ialltoall where the others call MPI_Ialltoallv, and the job would hang.
+  char nothing = 0;
+  if (!in) in = &empty_send;
+  if (!out) out = &nothing;  // (this rank receives no rows)
+  std::vector<int64_t> send(size_), recv(size_);
+  int64_t largest = 0, busiest = 0;
+  for (int s = 0; s < size_; ++s) {
+    int64_t sent = 0, received = 0;
+    for (int d = 0; d < size_; ++d) {
+      const int64_t n = bytes[static_cast<std::size_t>(s) * size_ + d];
+      sent += n;
+      received += bytes[static_cast<std::size_t>(d) * size_ + s];
+      largest = std::max(largest, n);
+      if (s == rank_) send[d] = n;
+      if (d == rank_) recv[s] = n;
+    }
+    busiest = std::max({busiest, sent, received});
+  }
+  if (busiest <= max_count_) {
+    if (AllEqual(bytes)) {
+      const int n = static_cast<int>(bytes[0]);
       co_await Run("MPI_Ialltoall", [&](MPI_Request* r) {
         return MPI_Ialltoall(in, n, MPI_BYTE, out, n, MPI_BYTE, comm_, r);
       });

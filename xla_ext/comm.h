@@ -99,11 +99,10 @@ class Comm {
   // block `rank` (counts[rank] elements) in `out`.
   Task<> ReducescatterData(const void* in, void* out, const std::vector<int64_t>& counts,
                            DType dtype, ReduceOp op);
-  // Sends send[d] bytes to each rank d (consecutive blocks of `in`) and
-  // receives recv[s] bytes from each rank s (consecutive blocks of `out`).
-  // `largest`: the largest number of bytes any rank sends any rank.
-  Task<> AlltoallData(const void* in, const std::vector<int64_t>& send, void* out,
-                      const std::vector<int64_t>& recv, int64_t largest);
+  // bytes[s * size + d]: the bytes rank s sends rank d, the same table on every rank.
+  // Sends this rank's row of it (consecutive blocks of `in`) and receives its column
+  // (consecutive blocks of `out`).
+  Task<> AlltoallData(const void* in, void* out, const std::vector<int64_t>& bytes);
   // One step of a pairwise exchange: sends `send_count` elements to rank `to`
   // while receiving `recv_count` from rank `from` (a zero count skips that side;
   // the peer's matching count is zero too). `what` names the collective in errors.

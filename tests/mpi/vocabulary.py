@@ -211,6 +211,16 @@ elif scenario == "alltoall":
         assert list(np.asarray(received)) == expect_rows, (received, expect_rows)
         assert_close(np.asarray(out), np.concatenate([np.full((n, 2), q, np.float64) for q, n in enumerate(expect_rows)]),
                      f"changing splits {step}")
+    # Only rank 0 sends (one row to itself): every other rank sends and receives nothing, so
+    # its own counts look like an equal split; all ranks must still make the same MPI call
+    # (they hung in the next collective when such a rank chose MPI_Ialltoall).
+    for step in range(3):
+        sp = [1 if (rank == 0 and d == 0) else 0 for d in range(size)]
+        out, received = jc.alltoall(jnp.full((sum(sp), 4), float(rank)), splits=sp, name="a2a.one.sender")
+        assert list(np.asarray(received)) == ([1] + [0] * (size - 1) if rank == 0 else [0] * size), received
+        assert_close(np.asarray(out), np.zeros((1 if rank == 0 else 0, 4)), f"one sender {step}")
+        total = jc.allreduce(jnp.ones(2), op="sum", name="a2a.one.sender.after")
+        assert_close(np.asarray(total), np.full(2, float(size)), f"allreduce after one sender {step}")
 
 elif scenario == "objects":
     obj = {"rank": rank, "payload": list(range(rank * 100)), "name": "r" * rank}

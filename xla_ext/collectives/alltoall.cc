@@ -95,20 +95,18 @@ class Alltoall final : public RowMovement {
     // rows[s * size + d]: rows rank s sends to rank d (rank 0 checked them).
     std::vector<int64_t> rows(static_cast<std::size_t>(size) * size, spec.Rows() / size);
     if (r.agreement && r.agreement->rows.size() == rows.size()) rows = r.agreement->rows;
-    std::vector<int64_t> send(size), recv(size), received(size);
-    int64_t total = 0, largest = 0;
+    std::vector<int64_t> received(size), bytes(rows.size());
+    int64_t total = 0;
     for (int q = 0; q < size; ++q) {
-      send[q] = rows[static_cast<std::size_t>(me) * size + q] * row;
       received[q] = rows[static_cast<std::size_t>(q) * size + me];
-      recv[q] = received[q] * row;
       total += received[q];
     }
-    for (int64_t n : rows) largest = std::max(largest, n * row);
+    for (std::size_t i = 0; i < rows.size(); ++i) bytes[i] = rows[i] * row;
     char* out = ops.Output(r, t, total * row, WithRows(spec, total));
     if (r.store) r.store->rows = received;
-    if (largest == 0) co_return;
+    if (std::all_of(bytes.begin(), bytes.end(), [](int64_t n) { return n == 0; })) co_return;
     ++ops.stats().mpi_calls;
-    co_await ops.comm().AlltoallData(r.inputs[t], send, out, recv, largest);
+    co_await ops.comm().AlltoallData(r.inputs[t], out, bytes);
   }
 };
 
