@@ -17,6 +17,7 @@ install: venv
 
 install-test: venv
 	$(PIP) ".[mpich,test,examples,torch,tensorflow]"
+	$(PIP) --no-deps "tf-keras==2.21.0"
 
 demo: install
 	$(PY) -m jaxcache.run -np $(NP) examples/train_digits.py

@@ -36,6 +36,16 @@ SHIMS = {
         "import sys, jaxcache.tensorflow; sys.modules[__name__] = jaxcache.tensorflow\n",
     "horovod/tensorflow/keras/__init__.py":
         "import sys, jaxcache.tensorflow.keras as m; sys.modules[__name__] = m\n",
+    # What Horovod's test_tensorflow2_keras.py imports besides the bridges.
+    "horovod/common/__init__.py": "",
+    "horovod/common/util.py":
+        "from packaging import version\n\n\ndef is_version_greater_equal_than(ver, target):\n"
+        "    return version.parse(ver) >= version.parse(target)\n",
+    # (registered under both names: `import horovod.tensorflow.keras` after `horovod.tensorflow`
+    # is jaxcache.tensorflow would otherwise load a second copy of jaxcache's keras package)
+    "horovod/keras/__init__.py":
+        "import sys, horovod.tensorflow, jaxcache.tensorflow.keras as m\n"
+        "sys.modules['horovod.tensorflow.keras'] = sys.modules[__name__] = m\n",
     "horovod/runner/__init__.py": "",
     "horovod/runner/util/__init__.py": "",
     # What Horovod's test/utils/common.py imports: run a function on a daemon thread.
@@ -58,7 +68,7 @@ def collect(test_file: Path, env: dict, expr: str | None) -> list[str]:
     if expr:
         cmd += ["-k", expr]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=test_file.parent)
-    nodes = [line.strip() for line in proc.stdout.splitlines() if "::" in line]
+    nodes = [line.strip() for line in proc.stdout.splitlines() if ".py::" in line]
     if not nodes:
         print(proc.stdout[-3000:] + proc.stderr[-3000:], file=sys.stderr)
     return nodes

@@ -20,7 +20,8 @@ from ..compat.api import *  # noqa: F403  (the names every bridge shares: _api._
 from ..compat.reduce_ops import check_num_rank_power_of_2, handle_average_backwards_compatibility
 from ..runtime import barrier
 from ..compat.unsupported import cls as _unsupported_cls
-from . import elastic
+from . import elastic, util
+from .util import _executing_eagerly  # Horovod exposes it here too; user code calls it
 from .collectives import (
     allgather,
     allreduce,

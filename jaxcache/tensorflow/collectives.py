@@ -390,6 +390,6 @@ def join():
     _runtime.require_initialized("jaxcache.tensorflow.join")
     if tf.executing_eagerly():
         return tf.constant(_runtime.join(), tf.int32)
-    last = tf.py_function(lambda: tf.constant(_runtime.join(), tf.int32), [], Tout=tf.int32)
+    last = ops.graph_collective(lambda: [tf.constant(_runtime.join(), tf.int32)], [], [tf.int32])[0]
     last.set_shape([])
     return last

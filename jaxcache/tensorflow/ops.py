@@ -16,13 +16,15 @@ dimension is unknown until they run.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
 import weakref
 
 import numpy as np
 import tensorflow as tf
 
-from .. import submit
+from .. import errors, submit
 from ..compat import process_sets
 from ..compat.process_sets import Resolved
 from ..ops import naming, validation
@@ -84,6 +86,41 @@ def reduce_args(op: str, prescale: float, postscale: float) -> tuple[int, float,
     """Wire op code and scales. The runtime divides an 'average' (by the set's size, or
     with JAXCACHE_JOIN_AVERAGE_BY_SIZE=0 by the ranks that have not joined)."""
     return validation.REDUCE_OPS[op], float(prescale), float(postscale)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors: Horovod's TensorFlow ops fail with TensorFlow's classes, eagerly and in graphs (a
+# tf.py_function passes an OpError's code on). Each class is also jaxcache's own.
+
+
+class MismatchError(errors.MismatchError, tf.errors.FailedPreconditionError):
+    """Ranks disagree on a collective: also tf.errors.FailedPreconditionError, as Horovod's."""
+
+    def __init__(self, message: str):
+        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+
+
+class InvalidArgumentError(errors.InvalidArgumentError, tf.errors.InvalidArgumentError):
+    """The ranks' arguments together are invalid: also tf.errors.InvalidArgumentError."""
+
+    def __init__(self, message: str):
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+
+_TENSORFLOW_CLASSES: dict[type, type] = {errors.MismatchError: MismatchError,
+                                         errors.InvalidArgumentError: InvalidArgumentError}
+
+
+@contextlib.contextmanager
+def tensorflow_errors():
+    """Re-raises a runtime error as its TensorFlow flavour (the same message)."""
+    try:
+        yield
+    except errors.JaxcacheError as e:
+        flavour = _TENSORFLOW_CLASSES.get(type(e))
+        if flavour is None:
+            raise
+        raise flavour(str(e)) from e
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,7 +197,8 @@ def submit_eager(kind: int, names: list[str], groups: list[list[tf.Tensor]], *, 
             error = e
             break
         results.append(outs)
-    submit.wait_all(in_flight, error)
+    with tensorflow_errors():
+        submit.wait_all(in_flight, error)
     return results
 
 
@@ -189,7 +227,8 @@ def submit_allocated_eager(kind: int, names: list[str], groups: list[list[tf.Ten
         except BaseException as e:  # submit refused: still wait for what is already in flight
             error = e
             break
-    submit.wait_all(in_flight, error)
+    with tensorflow_errors():
+        submit.wait_all(in_flight, error)
     out = []
     for pending, tensors in zip(in_flight, groups):
         arrays = [raw.view(np_dtype(t.dtype)).reshape(shape)
@@ -204,6 +243,60 @@ def _to_tf(a: np.ndarray, like: tf.Tensor | None = None) -> tf.Tensor:
         with tf.device(like.device):
             return tf.identity(tf.convert_to_tensor(a))
     return tf.convert_to_tensor(a)
+
+
+_last_collective: "weakref.WeakKeyDictionary[object, tf.Operation]" = weakref.WeakKeyDictionary()
+
+# A py_function cannot fail with a chosen TensorFlow class (TensorFlow turns a ValueError or
+# TypeError into InvalidArgument and anything else into Unknown), so inside a graph a mismatch
+# comes back as a flag and the graph then fails as Horovod's op does, with
+# tf.errors.FailedPreconditionError, by reading a variable that never exists. Every rank
+# prints the message (the collective's name and each rank's value) on stderr.
+MISMATCH_IN_GRAPH = "jaxcache.MismatchError: the ranks disagree on a collective (details on stderr)"
+
+
+def _failed_precondition_if(failed: tf.Tensor) -> tf.Tensor:
+    def fail():
+        handle = tf.raw_ops.VarHandleOp(dtype=tf.int32, shape=[], shared_name=MISMATCH_IN_GRAPH)
+        return tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.int32)
+
+    return tf.cond(failed, fail, lambda: tf.constant(0, tf.int32))
+
+
+def graph_collective(body, inputs: list, Tout: list) -> list[tf.Tensor]:
+    """The graph op of a collective: tf.py_function(body, inputs, Tout), where `body`
+    returns a list of tensors, failing with tf.errors.FailedPreconditionError on a mismatch.
+
+    In a TF1 graph (a Session runs it) the op also runs after the graph's previous
+    collective: a Session runs independent ops in any order on its few inter-op threads,
+    each py_function blocks its thread until the other ranks join, so two ranks starting
+    different collectives first could fill their pools and wait for each other forever.
+    (Inside tf.function, automatic control dependencies already run stateful ops in
+    program order.)"""
+
+    def flagged(*tensors):
+        try:
+            return [*body(*tensors), tf.constant(False)]
+        except errors.MismatchError as e:
+            print(str(e), file=sys.stderr, flush=True)
+            return [tf.zeros([], dtype) for dtype in Tout] + [tf.constant(True)]
+
+    graph = tf.compat.v1.get_default_graph()
+    in_session_graph = not graph.building_function
+    previous = None
+    if in_session_graph:
+        with _lock:
+            previous = _last_collective.get(graph)
+    with tf.control_dependencies([] if previous is None else [previous]):
+        *out, failed = tf.py_function(flagged, inputs, Tout=[*Tout, tf.bool])
+    failed.set_shape([])
+    guard = _failed_precondition_if(failed)
+    with tf.control_dependencies([guard]):
+        out = [tf.identity(o) for o in out]
+    if in_session_graph:
+        with _lock:
+            _last_collective[graph] = guard.op
+    return out
 
 
 def run(kind: int, names: list[str], groups: list[list[tf.Tensor]], **kw) -> list[list[tf.Tensor]]:
@@ -227,9 +320,7 @@ def run(kind: int, names: list[str], groups: list[list[tf.Tensor]], **kw) -> lis
         outs = submit_eager(kind, names, regrouped, **kw)
         return [_to_tf(o, t) for g_out, g_in in zip(outs, regrouped) for o, t in zip(g_out, g_in)]
 
-    out = tf.py_function(body, flat, Tout=[t.dtype for t in flat])
-    if not isinstance(out, (list, tuple)):
-        out = [out]
+    out = graph_collective(body, flat, [t.dtype for t in flat])
     if kind == Kind.REDUCESCATTER:
         size, rank = ps.size, ps.rank
     for o, t in zip(out, flat):
@@ -281,8 +372,7 @@ def run_allocated(kind: int, names: list[str], groups: list[list[tf.Tensor]],
                 + [tf.constant(contributors, tf.int32) for _, _, contributors in done])
 
     n_out, n_groups = sum(sizes), len(groups)
-    out = tf.py_function(body, flat, Tout=[t.dtype for t in flat[:n_out]] + [tf.int32] * (2 * n_groups))
-    out = list(out) if isinstance(out, (list, tuple)) else [out]
+    out = graph_collective(body, flat, [t.dtype for t in flat[:n_out]] + [tf.int32] * (2 * n_groups))
     for o, t in zip(out, flat[:n_out]):
         o.set_shape(_unknown_rows(t.shape))
     tensors = iter(out[:n_out])

@@ -165,7 +165,49 @@ raises(TypeError, r"expected a tf.GradientTape", jctf.DistributedGradientTape, o
 if SIZE > 1:
     raises(jaxcache.MismatchError, r"'tf.mismatch'.*shape", jctf.allreduce, tf.ones([2 + RANK]),
            name="tf.mismatch")
+    # Horovod's TensorFlow classes as well (its tests catch them), eagerly and in a graph;
+    # still jaxcache's own class.
+    raises(tf.errors.FailedPreconditionError, r"'tf.mismatch.eager'.*shape", jctf.allreduce,
+           tf.ones([2 + RANK]), name="tf.mismatch.eager")
+    raises(jaxcache.MismatchError, r"'tf.mismatch.both'", jctf.allreduce, tf.ones([2 + RANK]),
+           name="tf.mismatch.both")
+    in_graph = tf.function(lambda x: jctf.allreduce(x, name="tf.mismatch.graph"))
+    raises(tf.errors.FailedPreconditionError, r"jaxcache.MismatchError", in_graph, tf.ones([2 + RANK]))
+    raises(tf.errors.InvalidArgumentError, r"tf.a2a.uneven", jctf.alltoall, tf.ones([SIZE + 1]),
+           name="tf.a2a.uneven")
+    raises(tf.errors.InvalidArgumentError, r"tf.a2a.uneven.graph",
+           tf.function(lambda x: jctf.alltoall(x, name="tf.a2a.uneven.graph")), tf.ones([SIZE + 1]))
 check(jctf.allreduce(tf.ones(2), op="sum", name="tf.after"), np.full(2, float(SIZE)), np.float32, "after errors")
+
+def check_array(a: np.ndarray, expected: np.ndarray, what: str) -> None:
+    """Small integers in float32: exact on every rank."""
+    assert a.dtype == expected.dtype, f"{what}: dtype {a.dtype} != {expected.dtype}"
+    same_on_all_ranks(a, what)
+    np.testing.assert_array_equal(a, expected, err_msg=what)
+
+
+# A TF1 graph run by a Session: independent collectives, which the Session may start in any
+# order on each rank, on a pool of two inter-op threads that each block in a collective; and
+# a mismatch there is a FailedPreconditionError too.
+with tf.Graph().as_default():
+    xs = [tf.constant(np.arange(4, dtype=np.float32) * (k + 1) + RANK) for k in range(24)]
+    sums = [jctf.allreduce(x, op="sum", name=f"tf.session.{k}") for k, x in enumerate(xs)]
+    gathered = [jctf.allgather(x, name=f"tf.session.ag.{k}") for k, x in enumerate(xs[:6])]
+    bad = jctf.allreduce(tf.ones([2 + RANK]), name="tf.session.mismatch") if SIZE > 1 else None
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=2)
+    with tf.compat.v1.Session(config=config) as session:
+        for step in range(3):
+            got_sums, got_gathered = session.run([sums, gathered])
+            for k, got in enumerate(got_sums):
+                want = sum(np.arange(4, dtype=np.float32) * (k + 1) + r for r in range(SIZE))
+                check_array(got, want, f"session allreduce {k}")
+            for k, got in enumerate(got_gathered):
+                want = np.concatenate([np.arange(4, dtype=np.float32) * (k + 1) + r for r in range(SIZE)])
+                check_array(got, want, f"session allgather {k}")
+        if bad is not None:
+            raises(tf.errors.FailedPreconditionError, r"jaxcache.MismatchError", session.run, bad)
+            check_array(session.run(sums[0]), sum(np.arange(4, dtype=np.float32) + r for r in range(SIZE)),
+                        "session after the mismatch")
 
 done("tf_ops")
 jctf.shutdown()

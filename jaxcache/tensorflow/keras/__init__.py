@@ -6,7 +6,8 @@
     model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                                hvd.callbacks.MetricAverageCallback()])
 
-Keras 3 with the TensorFlow backend. docs/horovod.md lists every Horovod name's status.
+Keras 3 with the TensorFlow backend, or Keras 2 through tf_keras (TF_USE_LEGACY_KERAS=1, where
+`tf.keras` is tf_keras). docs/horovod.md lists every Horovod name's status.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .. import collectives as _collectives
 from .. import functions as _functions
 from ..compression import Compression
 from . import callbacks, elastic
-from .optimizer import DistributedOptimizer, _DistributedKeras
+from .optimizer import DistributedOptimizer, _DistributedKeras, _DistributedKeras2
 
 
 def broadcast_global_variables(root_rank):
@@ -55,8 +56,11 @@ def reducescatter(value, name=None, op=Average):
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none,
                legacy_opts=False):
-    """keras.models.load_model with the saved optimizer wrapped in DistributedOptimizer."""
-    if legacy_opts:
+    """load_model of the Keras in use (`tf.keras`: Keras 3, or tf_keras under
+    TF_USE_LEGACY_KERAS=1) with the saved optimizer wrapped in DistributedOptimizer."""
+    keras = _keras_in_use()
+    legacy = keras is not _keras
+    if legacy_opts and not legacy:
         raise NotImplementedError("jaxcache.tensorflow.keras.load_model: legacy_opts=True is not "
                                   "supported: Keras 3 has no keras.optimizers.legacy")
 
@@ -65,13 +69,26 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
             lambda config, custom_objects=None: DistributedOptimizer(cls.from_config(config),
                                                                      compression=compression))})
 
-    classes = [c for c in _all_subclasses(_keras.optimizers.Optimizer)
-               if not c.__name__.startswith("_") and not issubclass(c, _DistributedKeras)]
+    root = keras.optimizers.legacy.Optimizer if legacy_opts else keras.optimizers.Optimizer
+    classes = [c for c in _all_subclasses(root)
+               if not c.__name__.startswith("_") and not issubclass(c, (_DistributedKeras, _DistributedKeras2))]
     objects = {}
-    for c in classes + list(custom_optimizers or []):
+    for c in classes:
+        objects[c.__name__] = wrapping(c)
+        if legacy:  # tf_keras looks its built-in optimizers up by lower-case name
+            objects.setdefault(c.__name__.lower(), objects[c.__name__])
+    for c in custom_optimizers or []:
         objects[c.__name__] = wrapping(c)
     objects.update(custom_objects or {})
-    return _keras.models.load_model(filepath, custom_objects=objects)
+    return keras.models.load_model(filepath, custom_objects=objects)
+
+
+def _keras_in_use():
+    """keras (Keras 3), or the tf_keras module when `tf.keras` is tf_keras (TF_USE_LEGACY_KERAS=1)."""
+    tk = _tf.keras
+    if getattr(tk, "__name__", "").startswith("tf_keras"):
+        return tk
+    return _keras
 
 
 def _all_subclasses(cls) -> list:

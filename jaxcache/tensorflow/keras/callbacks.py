@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from ... import runtime as _runtime
 from ...compat import unsupported
@@ -12,12 +13,17 @@ from ..gradients import var_key
 from ...protocol import Kind
 
 
+# The Keras in use: `tf.keras` is Keras 3 (keras.callbacks.Callback itself), or tf_keras under
+# TF_USE_LEGACY_KERAS=1, whose model.fit accepts only its own callbacks.
+_Callback = tf.keras.callbacks.Callback
+
+
 def _variables(obj) -> list:
     v = getattr(obj, "variables", [])
     return list(v() if callable(v) else v)
 
 
-class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+class BroadcastGlobalVariablesCallback(_Callback):
     """Gives every rank root_rank's model (and optimizer) variables.
 
     The model's variables are broadcast when training begins (so the first step already
@@ -62,7 +68,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.broadcast_done = True
 
 
-class MetricAverageCallback(keras.callbacks.Callback):
+class MetricAverageCallback(_Callback):
     """Averages the epoch's metrics (logs) over all ranks at the end of every epoch.
 
     Put it before callbacks that read the metrics (ReduceLROnPlateau, TensorBoard, ...).
@@ -93,8 +99,14 @@ def _tensor(values: np.ndarray):
     return tf.constant(values)
 
 
+def _to_float(value) -> float:
+    if hasattr(value, "numpy"):  # a tf.Variable / tensor (tf_keras) or a Keras 3 variable
+        return float(value.numpy())
+    return float(keras.ops.convert_to_numpy(value))
+
+
 def _get_lr(optimizer) -> float:
-    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    return _to_float(optimizer.learning_rate)
 
 
 def _set(optimizer, attr: str, value: float) -> None:
@@ -105,7 +117,7 @@ def _set(optimizer, attr: str, value: float) -> None:
         setattr(optimizer, attr, value)
 
 
-class LearningRateScheduleCallback(keras.callbacks.Callback):
+class LearningRateScheduleCallback(_Callback):
     """Sets the learning rate to initial_lr * multiplier between start_epoch and end_epoch.
 
     multiplier: a constant (applied as multiplier ** (epoch - start_epoch)) or a function of
@@ -147,7 +159,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         _set(opt, "learning_rate", new_lr)
         momentum = getattr(opt, "momentum", None)
         if self.momentum_correction and momentum is not None and old_lr:
-            self.restore_momentum = float(keras.ops.convert_to_numpy(momentum))
+            self.restore_momentum = _to_float(momentum)
             _set(opt, "momentum", self.restore_momentum * new_lr / old_lr)
 
     def _restore_momentum_if_needed(self) -> None:
@@ -210,4 +222,4 @@ BestModelCheckpoint = unsupported.cls(
     "jaxcache.tensorflow.keras.callbacks.BestModelCheckpoint",
     "Keras 3's ModelCheckpoint needs its file path at construction (Horovod's Spark estimator "
     "filled it in later); use keras.callbacks.ModelCheckpoint(path, save_best_only=True) on rank 0",
-    base=keras.callbacks.ModelCheckpoint)
+    base=tf.keras.callbacks.ModelCheckpoint)
