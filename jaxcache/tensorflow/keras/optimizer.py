@@ -20,6 +20,47 @@ from ..compression import Compression
 from ..gradients import GradientReducer, var_key
 
 
+def _accumulate_and_apply(grads, variables, accumulator_of, counter, k: int, average: bool,
+                          sparse_as_dense: bool, reduce, apply, iterations):
+    """backward_passes_per_step = k (Horovod's rule): the gradients are added to their
+    accumulators; every k-th call the sums (divided by k with `average`) are reduced and
+    applied through `apply(reduced)`, and the other calls only advance `iterations`."""
+    present = []
+    for g, v in zip(grads, variables):
+        if g is None:
+            continue
+        if isinstance(g, tf.IndexedSlices):
+            if not sparse_as_dense:
+                raise ValueError("jaxcache.tensorflow.keras.DistributedOptimizer: IndexedSlices "
+                                 "gradients need sparse_as_dense=True when backward_passes_per_step "
+                                 "> 1 (as in Horovod)")
+            g = tf.convert_to_tensor(g)
+        accumulator_of(v).assign_add(g)
+        present.append(v)
+    count = counter.assign_add(1)
+    accumulated = {id(v) for v in present}
+
+    def update():
+        summed = [tf.convert_to_tensor(accumulator_of(v)) if id(v) in accumulated else None
+                  for v in variables]
+        if average:
+            summed = [None if s is None else s / k for s in summed]
+        applied = apply(reduce(summed, variables))
+        with tf.control_dependencies([] if applied is None or tf.executing_eagerly() else [applied]):
+            for v in present:
+                accumulator_of(v).assign(tf.zeros_like(accumulator_of(v)))
+            counter.assign(0)
+        return tf.constant(True)
+
+    def accumulate_only():
+        iterations.assign_add(1)
+        return tf.constant(False)
+
+    if tf.executing_eagerly():
+        return update() if int(count) >= k else accumulate_only()
+    return tf.cond(tf.greater_equal(count, k), update, accumulate_only)
+
+
 class _DistributedKeras:
     """Mixed in front of the wrapped optimizer's class (see DistributedOptimizer)."""
 
@@ -46,38 +87,13 @@ class _DistributedKeras:
             self.build(variables)
             self.built = True
         accumulators = {id(v): a for v, a in zip(self._trainable_variables, self._hvd_accumulators)}
-        present = []
-        for g, v in zip(grads, variables):
-            if g is None:
-                continue
-            if isinstance(g, tf.IndexedSlices):
-                if not self._hvd_sparse_as_dense:
-                    raise ValueError("jaxcache.tensorflow.keras.DistributedOptimizer: IndexedSlices "
-                                     "gradients need sparse_as_dense=True when backward_passes_per_step "
-                                     "> 1 (as in Horovod)")
-                g = tf.convert_to_tensor(g)
-            accumulators[id(v)].assign_add(g)
-            present.append(id(v))
-        count = self._hvd_count.assign_add(1)
-        k, average = self._hvd_k, self._hvd_average_aggregated
 
-        def update():
-            summed = [accumulators[id(v)].value if id(v) in present else None for v in variables]
-            if average:
-                summed = [None if s is None else s / k for s in summed]
-            super(_DistributedKeras, self).apply(self._hvd_reducer.reduce(summed, variables), variables)
-            for key in present:
-                accumulators[key].assign(tf.zeros_like(accumulators[key]))
-            self._hvd_count.assign(0)
-            return tf.constant(True)
+        def apply(reduced):
+            super(_DistributedKeras, self).apply(reduced, variables)
 
-        def accumulate_only():
-            self.iterations.assign_add(1)
-            return tf.constant(False)
-
-        if tf.executing_eagerly():
-            return update() if int(count) >= k else accumulate_only()
-        return tf.cond(tf.greater_equal(count, k), update, accumulate_only)
+        return _accumulate_and_apply(grads, variables, lambda v: accumulators[id(v)], self._hvd_count,
+                                     self._hvd_k, self._hvd_average_aggregated, self._hvd_sparse_as_dense,
+                                     self._hvd_reducer.reduce, apply, self.iterations)
 
 
 class _Keras2Aggregation:
@@ -183,42 +199,15 @@ class _DistributedKeras2:
             return base.apply_gradients(pairs, *args, **kwargs)
         self._hvd_prebuild(variables)
         acc = self._hvd.accumulators
-        present = []
-        for g, v in zip(grads, variables):
-            if g is None:
-                continue
-            if isinstance(g, tf.IndexedSlices):
-                if not self._hvd_reducer.sparse_as_dense:
-                    raise ValueError("jaxcache.tensorflow.keras.DistributedOptimizer: IndexedSlices "
-                                     "gradients need sparse_as_dense=True when backward_passes_per_step "
-                                     "> 1 (as in Horovod)")
-                g = tf.convert_to_tensor(g)
-            acc[var_key(v)].assign_add(g)
-            present.append(var_key(v))
-        count = self._hvd.counter.assign_add(1)
-        k, average = self._hvd.k, self._hvd_settings["average_aggregated_gradients"]
 
-        def update():
-            summed = [acc[var_key(v)].value() if var_key(v) in present else None for v in variables]
-            if average:
-                summed = [None if s is None else s / k for s in summed]
-            reduced = self._hvd_reducer.reduce(summed, variables)
+        def apply(reduced):
             with tf.control_dependencies([g for g in reduced if g is not None]):
-                applied = base.apply_gradients(list(zip(reduced, variables)), *args, **kwargs)
-            deps = [] if applied is None or tf.executing_eagerly() else [applied]
-            with tf.control_dependencies(deps):
-                for key in present:
-                    acc[key].assign(tf.zeros_like(acc[key]))
-                self._hvd.counter.assign(0)
-            return tf.constant(True)
+                return base.apply_gradients(list(zip(reduced, variables)), *args, **kwargs)
 
-        def accumulate_only():
-            self.iterations.assign_add(1)
-            return tf.constant(False)
-
-        if tf.executing_eagerly():
-            return update() if int(count) >= k else accumulate_only()
-        return tf.cond(tf.greater_equal(count, k), update, accumulate_only)
+        return _accumulate_and_apply(grads, variables, lambda v: acc[var_key(v)], self._hvd.counter,
+                                     self._hvd.k, self._hvd_settings["average_aggregated_gradients"],
+                                     self._hvd_reducer.sparse_as_dense, self._hvd_reducer.reduce, apply,
+                                     self.iterations)
 
 
 def _keras2_optimizer_classes() -> tuple:
