@@ -39,7 +39,7 @@ test-mpi4jax: install-test
 HOROVOD_SUITES ?= --suite torch
 test-horovod: install-test
 	@test -n "$(HOROVOD_SRC)" || { echo "test-horovod: set HOROVOD_SRC to a Horovod source checkout"; exit 2; }
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check mock cloudpickle
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check mock cloudpickle parameterized
 	$(PY) tests/horovod_suite.py --horovod $(HOROVOD_SRC) $(HOROVOD_SUITES)
 
 # The newest jax (0.12, which needs Python >= 3.12) in a venv of its own: jaxcache built
