@@ -71,6 +71,14 @@ class Comm {
     CheckMpi(start(&reqs_[0]), what);
     co_await Await(1, what);
   }
+  // The same, doing `meanwhile()` on this thread while the call is in flight
+  // (local work that does not touch the call's buffers, e.g. a copy of its input).
+  template <typename Start, typename Meanwhile>
+  Task<> Run(const char* what, Start start, Meanwhile meanwhile) {
+    CheckMpi(start(&reqs_[0]), what);
+    meanwhile();
+    co_await Await(1, what);
+  }
   // Merges a peer's message into this rank's, in place: combine(mine,
   // mine_bytes, theirs, theirs_bytes, theirs_lower) returns the new size of
   // mine; `theirs` is scratch. theirs_lower: theirs comes from lower ranks.

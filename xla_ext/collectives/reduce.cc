@@ -2,6 +2,7 @@
 // postscale; "average" divides by the ranks that contribute); every other
 // rank's result is its own operand, unchanged (mpi4jax's reduce).
 #include <algorithm>
+#include <cstring>
 
 #include "collectives/collective.h"
 #include "operations.h"
@@ -41,24 +42,29 @@ class Reduce final : public ElementwiseReduction {
       });
       co_return;
     }
-    // The result is the operand; its chunks go out (prescaled into scratch when asked).
+    // The result is the operand. Unscaled chunks go out straight from the
+    // operand while this thread copies them into the result (the copy is off
+    // the critical path); prescaled ones go out of scratch.
     const std::size_t esize = ElementSize(dtype);
     const char* in = static_cast<const char*>(r.inputs[t]);
     char* out = static_cast<char*>(r.outputs[t]);
     const int64_t step = comm.ChunkCount(esize);
     char* scaled = scaling.pre == 1.0 ? nullptr : ops.Scratch(std::min(step, count) * esize);
-    if (in != out) CopyScaled(in, out, count, dtype, 1.0);
     ++ops.stats().mpi_calls;
     for (int64_t off = 0; off < count; off += step) {
       const int n = static_cast<int>(std::min(step, count - off));
-      const char* send = out + off * esize;
+      const char* chunk = in + off * esize;
+      const char* send = chunk;
       if (scaled) {
-        Scale(send, scaled, n, dtype, scaling.pre);
+        Scale(chunk, scaled, n, dtype, scaling.pre);
         send = scaled;
       }
-      co_await comm.Run("MPI_Ireduce", [&](MPI_Request* req) {
-        return MPI_Ireduce(send, nullptr, n, type, op, root, comm.handle(), req);
-      });
+      co_await comm.Run(
+          "MPI_Ireduce",
+          [&](MPI_Request* req) { return MPI_Ireduce(send, nullptr, n, type, op, root, comm.handle(), req); },
+          [&] {
+            if (in != out) std::memcpy(out + off * esize, chunk, static_cast<std::size_t>(n) * esize);
+          });
     }
   }
 };
