@@ -305,6 +305,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mpi-args", default="", metavar="'ARGS'",
                    help="extra launcher arguments, one shell-quoted string")
     p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    elastic = p.add_argument_group(
+        "elastic training (any of these runs the job elastically: restarted from its last commit "
+        "when a worker fails or the hosts change; docs/elastic.md)")
+    elastic.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N",
+                         help="fewest ranks the job runs with (default: -np)")
+    elastic.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, metavar="N",
+                         help="most ranks the job grows to (default: every usable slot)")
+    elastic.add_argument("--host-discovery-script", metavar="PATH",
+                         help="executable printing the available hosts, one 'host[:slots]' a line (polled)")
+    elastic.add_argument("--slots-per-host", "--slots", dest="slots_per_host", type=int, default=1, metavar="N",
+                         help="slots of a discovered host printed without ':slots' (default 1)")
+    elastic.add_argument("--reset-limit", type=_nonneg_int, metavar="N",
+                         help="fail once the job needs more than N resets (default: no limit)")
+    elastic.add_argument("--blacklist-cooldown-range", type=_nonneg_float, nargs=2, metavar=("MIN", "MAX"),
+                         help="a host with a failed worker comes back after MIN..MAX s, doubling per "
+                              "failure (default: blacklisted for good)")
+    elastic.add_argument("--elastic-timeout", type=_nonneg_float, metavar="S",
+                         help="how long to wait for --min-np slots (default HOROVOD_ELASTIC_TIMEOUT or 600)")
     p.add_argument("script", help="Python script to run on every rank, or -m MODULE to run a module")
     return p
 
@@ -312,8 +330,8 @@ def parser() -> argparse.ArgumentParser:
 def split_script(p: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """(launcher options, [script, *script args]): the script is the first word that is
     neither an option nor an option's value (or -m, as for python), and nothing after it is ours."""
-    takes_value = {opt for a in p._actions if a.option_strings and a.nargs != 0
-                   for opt in a.option_strings}
+    values = {opt: (a.nargs if isinstance(a.nargs, int) else 1) for a in p._actions if a.option_strings
+              for opt in a.option_strings}  # how many words follow each option
     i = 0
     while i < len(argv):
         word = argv[i]
@@ -321,7 +339,7 @@ def split_script(p: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[list[
             return list(argv[:i]), list(argv[i + 1:])
         if not word.startswith("-") or word in ("-", "-m"):
             break
-        i += 2 if word in takes_value else 1
+        i += 1 + values.get(word, 0)
     return list(argv[:i]), list(argv[i:])
 
 
@@ -336,7 +354,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.np < 1:
         p.error(f"-np must be >= 1, got {args.np}")
     args.mpi_args = shlex.split(args.mpi_args)
+    for flag, value in (("--min-np", args.min_np), ("--max-np", args.max_np), ("--slots-per-host", args.slots_per_host)):
+        if value is not None and value < 1:
+            p.error(f"{flag} must be >= 1, got {value}")
+    if args.blacklist_cooldown_range and args.blacklist_cooldown_range[0] > args.blacklist_cooldown_range[1]:
+        p.error("--blacklist-cooldown-range MIN MAX needs MIN <= MAX")
     return args
+
+
+def is_elastic(args: argparse.Namespace) -> bool:
+    """Any elastic flag makes the job elastic (as horovodrun)."""
+    return any(v is not None for v in (args.min_np, args.max_np, args.host_discovery_script, args.reset_limit,
+                                        args.blacklist_cooldown_range, args.elastic_timeout))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -358,6 +387,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.dry_run:
         print(shlex.join(cmd))
         return 0
+    if is_elastic(args):
+        from .elastic import driver
+
+        return driver.main(args, lambda job_args, job_env: build_command(job_args, launcher, job_env), env)
     # The environment as this interpreter saw it at startup plus our settings
     # (not what a loaded MPI library may have added to the C environment since).
     child_env = dict(os.environ)

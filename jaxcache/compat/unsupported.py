@@ -29,7 +29,3 @@ def cls(qualname: str, why: str, base: type = object):
     return type(name, (base,), {"__init__": __init__, "__doc__": f"Not supported by jaxcache: {why}",
                                 "__module__": qualname.rsplit(".", 1)[0]})
 
-
-ELASTIC = ("elastic training (hosts joining and leaving a running job) needs a runtime that can "
-           "re-form its communicator; jaxcache runs on a fixed MPI communicator. Restart the job "
-           "from a checkpoint instead")

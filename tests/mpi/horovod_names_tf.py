@@ -121,6 +121,110 @@ def graph_broadcast_global_variables(S: str, hvd) -> None:
     covered(S, "broadcast_global_variables")
 
 
+def weights_of(variables) -> list[np.ndarray]:
+    return [np.array(v.numpy(), copy=True) for v in variables]
+
+
+def same_everywhere(arrays: list[np.ndarray]) -> bool:
+    mine = b"".join(a.tobytes() for a in arrays)
+    return COMM.allgather(mine) == [mine] * SIZE
+
+
+def rank_model(lr: float):
+    """A model (and compiled optimizer) that differs per rank."""
+    keras.utils.set_random_seed(RANK)
+    m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    m.compile(optimizer=kh.DistributedOptimizer(keras.optimizers.SGD(lr * (RANK + 1), momentum=0.9)), loss="mse")
+    return m
+
+
+def tensorflow_elastic_checks() -> None:
+    """Plain mpirun (no driver): run() syncs the state from rank 0, then calls the function."""
+    hvd = tfh
+    calls = []
+
+    @hvd.elastic.run
+    def train(state, k):
+        calls.append(k)
+        return state
+
+    obj = train(hvd.elastic.ObjectState(epoch=RANK, items=[RANK]), 1)
+    assert (obj.epoch, obj.items) == (0, [0])
+    obj.epoch = 4
+    obj.commit()
+    obj.epoch = 5
+    obj.restore()
+    assert obj.epoch == 4
+    covered(TFE, "ObjectState")
+
+    var = tf.Variable(np.full(3, float(RANK)))
+    tstate = train(hvd.elastic.TensorFlowState([var], step=RANK), 2)
+    assert var.numpy().tolist() == [0.0] * 3 and tstate.step == 0
+    var.assign([1.0, 2.0, 3.0])
+    tstate.commit()
+    var.assign([9.0, 9.0, 9.0])
+    tstate.restore()
+    assert var.numpy().tolist() == [1.0, 2.0, 3.0]
+    covered(TFE, "TensorFlowState")
+
+    model = rank_model(0.1)
+    kstate = train(hvd.elastic.TensorFlowKerasState(model, batch=RANK), 3)
+    assert kstate.batch == 0 and same_everywhere(weights_of(model.variables))
+    assert same_everywhere(weights_of(model.optimizer.variables))
+    assert abs(float(model.optimizer.learning_rate.numpy()) - 0.1) < 1e-7  # rank 0's
+    saved = weights_of(model.variables)
+    model.variables[0].assign(model.variables[0] + 1.0)
+    kstate.restore()
+    assert all(np.array_equal(a, b) for a, b in zip(saved, weights_of(model.variables)))
+    assert calls == [1, 2, 3]
+    covered(TFE, "TensorFlowKerasState", "run")
+    covered(TF, "elastic")
+
+
+def keras_elastic_checks() -> None:
+    hvd = kh
+    model = rank_model(0.05)
+    state = hvd.elastic.KerasState(model, epoch=RANK, batch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        return state.epoch
+
+    assert train(state) == 0 and same_everywhere(weights_of(model.variables))
+    covered(KE, "run")
+    covered(K, "elastic")
+    saved = weights_of(model.variables)
+    model.variables[0].assign(model.variables[0] * 2.0)
+    state.restore()
+    assert all(np.array_equal(a, b) for a, b in zip(saved, weights_of(model.variables)))
+    covered(KE, "KerasState")
+
+    commits, batches = [], []
+    commit = state.commit
+    state.commit = lambda: (commits.append((state.epoch, state.batch)), commit())
+
+    class Seen(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            batches.append(state.batch)
+
+    state.epoch = 2
+    x, y = data(40, (8, 3), dtype=np.float32), data(41, (8, 2), dtype=np.float32)
+    model.fit(x, y, batch_size=2, epochs=2, verbose=0,
+              callbacks=[hvd.elastic.UpdateEpochStateCallback(state), hvd.elastic.UpdateBatchStateCallback(state),
+                         hvd.elastic.CommitStateCallback(state, batches_per_commit=3), Seen()])
+    assert batches == [1, 2, 3, 4] * 2, batches
+    covered(KE, "UpdateBatchStateCallback")
+    assert state.epoch == 4
+    covered(KE, "UpdateEpochStateCallback")
+    # every 3rd batch (counted across epochs, as Horovod) and at each epoch's end
+    assert commits == [(2, 3), (3, 0), (3, 2), (4, 0)], commits
+    fitted = weights_of(model.variables)
+    model.variables[0].assign(model.variables[0] + 1.0)
+    state.restore()
+    assert all(np.array_equal(a, b) for a, b in zip(fitted, weights_of(model.variables)))
+    covered(KE, "CommitStateCallback")
+
+
 def check_tensorflow() -> None:
     hvd = tfh
     # --- before init: Horovod's -1 for "not initialized" ---------------------------------------
@@ -291,6 +395,9 @@ def check_tensorflow() -> None:
     close(sbn.moving_mean, bn.moving_mean.numpy(), "SyncBatchNormalization moving_mean", tol=1e-5)
     covered(TF, "SyncBatchNormalization")
 
+    # --- elastic (plain mpirun: no driver, so run() syncs the state from rank 0 and calls) --------------------
+    tensorflow_elastic_checks()
+
     # --- join: rank r takes r + 1 steps; the others' sums go on without the joined ranks -------------------
     for step in range(RANK + 1):
         got = hvd.allreduce(tf.constant([float(RANK + 1)]), op=hvd.Sum, name="join.step")
@@ -304,13 +411,6 @@ def check_tensorflow() -> None:
     covered(TF, "BroadcastGlobalVariablesHook")
     raises(NotImplementedError, hvd.LocalGradientAggregationHelper)
     covered(TF, "LocalGradientAggregationHelper")
-    raises(NotImplementedError, hvd.elastic.run, lambda: None)
-    covered(TF, "elastic")
-    covered(TFE, "run")
-    raises(NotImplementedError, hvd.elastic.TensorFlowKerasState, None)
-    raises(NotImplementedError, hvd.elastic.TensorFlowState)
-    raises(NotImplementedError, hvd.elastic.ObjectState)
-    covered(TFE, "TensorFlowKerasState", "TensorFlowState", "ObjectState")
 
     hvd.shutdown()
     assert hvd.is_initialized() is False and hvd.mpi_enabled() is False
@@ -448,13 +548,7 @@ def check_keras() -> None:
     covered(K, "load_model")
     raises(NotImplementedError, hvd.load_model, "x.keras", legacy_opts=True)
 
-    # --- not supported -------------------------------------------------------------------------------------------
-    raises(NotImplementedError, hvd.elastic.run, lambda: None)
-    covered(K, "elastic")
-    covered(KE, "run")
-    for name in ("KerasState", "CommitStateCallback", "UpdateBatchStateCallback", "UpdateEpochStateCallback"):
-        raises(NotImplementedError, getattr(hvd.elastic, name), None)
-        covered(KE, name)
+    keras_elastic_checks()
 
     hvd.shutdown()
     assert hvd.is_initialized() is False and hvd.mpi_enabled() is False

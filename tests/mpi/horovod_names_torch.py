@@ -49,6 +49,57 @@ def every(seed: int, shape) -> np.ndarray:
 
 
 
+def elastic_checks() -> None:
+    # ElasticSampler: a split of the dataset; after recorded batches, the rest split again
+    data10 = torch.utils.data.TensorDataset(torch.arange(10.0))
+    sampler = hvd.elastic.ElasticSampler(data10, shuffle=True, seed=4)
+    parts = COMM.allgather(list(sampler))
+    assert sorted(sum(parts, [])) == list(range(10)) and len(sampler) == len(parts[RANK]) == -(-10 // SIZE), parts
+    sampler.record_batch(0, 2)
+    assert sampler.state_dict() == {"epoch": 0, "processed_num": 2 * SIZE}
+    done = {i for p in parts for i in p[:2]}
+    sampler.load_state_dict(sampler.state_dict())
+    rest = COMM.allgather(list(sampler))
+    assert set(sum(rest, [])) == set(range(10)) - done, (rest, done)
+    sampler.set_epoch(1)
+    assert sorted(sum(COMM.allgather(list(sampler)), [])) == list(range(10)) and sampler.epoch == 1
+    covered(E, "ElasticSampler")
+
+    # TorchState + run: each rank starts different; run() gives every rank rank 0's state
+    model = torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        model.weight.fill_(float(RANK))
+        model.bias.fill_(float(RANK))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1 * (RANK + 1), momentum=0.9)
+    state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=RANK, batch=0)
+    calls = []
+
+    @hvd.elastic.run
+    def train(state, k):
+        calls.append(k)
+        return state.epoch
+
+    assert train(state, 7) == 0 and calls == [7]
+    assert float(model.weight.abs().sum()) == 0.0 and opt.param_groups[0]["lr"] == 0.1
+    covered(E, "run")
+    covered(T, "elastic")
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    state.epoch, state.batch = 5, 3
+    state.restore()  # back to the synced (saved) state
+    assert float(model.weight.abs().sum()) == 0.0 and (state.epoch, state.batch) == (0, 0)
+    with torch.no_grad():
+        model.weight.add_(2.0)
+    state.batch = 1
+    state.commit()
+    with torch.no_grad():
+        model.weight.add_(2.0)
+    state.batch = 2
+    state.restore()
+    assert float(model.weight.sum()) == 4.0 and state.batch == 1
+    covered(E, "TorchState")
+
+
 def run() -> None:
     # --- before init() ---------------------------------------------------------------------
     ps_first = cov.check_process_api(T, hvd)
@@ -330,6 +381,9 @@ def run() -> None:
     close(sbn.running_mean, bn.running_mean.numpy(), "SyncBatchNorm running_mean", tol=1e-12)
     covered(T, "SyncBatchNorm")
 
+    # --- elastic (plain mpirun: no driver, so run() syncs the state from rank 0 and calls) ------------
+    elastic_checks()
+
     # --- join: rank r takes r + 1 steps; the others' sums go on without the joined ranks ------------
     for step in range(RANK + 1):
         got = hvd.allreduce(torch.tensor([float(RANK + 1)]), op=hvd.Sum, name="join.step")
@@ -337,15 +391,6 @@ def run() -> None:
     last_joined = hvd.join()
     assert type(last_joined) is int and last_joined == SIZE - 1, last_joined
     covered(T, "join")
-
-    # --- not supported: each raises NotImplementedError ------------------------------------------
-    raises(NotImplementedError, hvd.elastic.run, lambda: None)
-    covered(T, "elastic")
-    covered(E, "run")
-    raises(NotImplementedError, hvd.elastic.TorchState)
-    covered(E, "TorchState")
-    raises(NotImplementedError, hvd.elastic.ElasticSampler, [1, 2])
-    covered(E, "ElasticSampler")
 
     # --- shutdown -----------------------------------------------------------------------------------
     hvd.shutdown()

@@ -388,10 +388,6 @@ if RANK == 0:
 for fn, args, kw, pattern in [
     (hvd.BroadcastGlobalVariablesHook, (0,), {}, r"not supported by jaxcache: TensorFlow 1 session hooks"),
     (hvd.LocalGradientAggregationHelper, (), {}, r"not supported"),
-    (hvd.elastic.run, (lambda: None,), {}, r"not supported by jaxcache: elastic"),
-    (hvd.elastic.TensorFlowKerasState, (None,), {}, r"not supported"),
-    (hvd.elastic.TensorFlowState, (), {}, r"not supported"),
-    (hvd.elastic.ObjectState, (), {}, r"not supported"),
     (hvd.reducescatter, (x,), {"op": hvd.Adasum}, r"Adasum"),
 ]:
     raises(NotImplementedError, pattern, fn, *args, **kw)

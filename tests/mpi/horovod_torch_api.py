@@ -396,9 +396,6 @@ if RANK == 0:
 
 # --- unsupported names raise and say so, on every rank --------------------------------
 for fn, args, kw, pattern in [
-    (hvd.elastic.run, (lambda: None,), {}, r"elastic.run is not supported by jaxcache: elastic"),
-    (hvd.elastic.TorchState, (), {}, r"not supported"),
-    (hvd.elastic.ElasticSampler, ([1, 2],), {}, r"not supported"),
     (hvd.reducescatter, (x,), {"op": hvd.Adasum}, r"Adasum"),
 ]:
     raises(NotImplementedError, pattern, fn, *args, **kw)
