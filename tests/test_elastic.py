@@ -388,6 +388,10 @@ def test_elastic_digits_example(tmp_path):
 
     log = tmp_path / "epochs.jsonl"
     third = socket.gethostname()  # a third name of this machine: the host that is added
+    try:
+        socket.gethostbyname(third)
+    except OSError:
+        pytest.skip(f"this machine's name {third!r} does not resolve (the launcher could not start on it)")
     script = tmp_path / "discover.sh"
     script.write_text(textwrap.dedent(f"""\
         #!/bin/bash
