@@ -119,9 +119,12 @@ def test_fault_tolerance_without_scaling(tmp_path):
     check_final(records)
 
 
-def test_all_ranks_failure(tmp_path):
+@pytest.mark.parametrize("failing", [[0, 1, 2, 3], [0, 2]], ids=["all_ranks", "one_per_host"])
+def test_all_hosts_blacklisted(tmp_path, failing):
+    # Failing ranks in every job: each job blacklists the host of its first failure, until
+    # no host is left (Horovod's test_all_ranks_failure and test_all_hosts_blacklisted).
     rc, out, records = run_elastic(tmp_path, ["-np", "4", "--min-np", "2", "-H", "localhost:2,127.0.0.1:2"],
-                                   ["--exit-schedule", json.dumps({"1,0": [0, 1, 2, 3]}), "--exit-every-job"],
+                                   ["--exit-schedule", json.dumps({"1,0": failing}), "--exit-every-job"],
                                    timeout=180)
     assert rc == 1, out[-6000:]
     assert "every host has had a failed worker and is blacklisted" in out
