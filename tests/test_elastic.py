@@ -208,23 +208,30 @@ def final_of(logs: dict[str, list[dict]], generation: int) -> list[dict]:
     return [recs[-1] for name, recs in logs.items() if name.endswith(f"-gen{generation}")]
 
 
-@needs("torch")
-def test_torch_sampler_state_through_a_failure(tmp_path):
-    """Rank 2 fails before epoch 1's third batch: the job goes on at 2 ranks from the commit
-    after its second. The ElasticSampler in the TorchState gives the new ranks only the samples
-    not yet trained on, so every sample of every epoch is trained on exactly once; the model and
-    the optimizer's momentum come back from the commit, so the weights are a serial replay's."""
+def run_bridge_through_a_failure(tmp_path: Path, script: Path, timeout: float):
+    """Runs a bridge's training script on 4 ranks of 2 hosts, rank 2 failing before epoch 1's
+    third batch; checks the job went on at 2 ranks. Returns (records, epoch records, logdir)."""
     logdir = tmp_path / "ranks"
     logdir.mkdir()
     rc, out, records = run_elastic(tmp_path, FOUR_RANKS_TWO_HOSTS,
                                    ["--logdir", str(logdir), "--exit-schedule", json.dumps({"1,2": [2]})],
-                                   timeout=240, script=TORCH_SCRIPT)
+                                   timeout=timeout, script=script)
     assert rc == 0, out[-6000:]
     assert "rank 2 on 127.0.0.1 failed" in out
     ep = epochs_of(records)
     assert [r["epoch"] for r in ep] == [0, 1, 2], out[-4000:]
     assert [r["size"] for r in ep] == [4, 2, 2]
     assert [r["generation"] for r in ep] == [0, 1, 1]
+    return records, ep, logdir
+
+
+@needs("torch")
+def test_torch_sampler_state_through_a_failure(tmp_path):
+    """Rank 2 fails before epoch 1's third batch: the job goes on at 2 ranks from the commit
+    after its second. The ElasticSampler in the TorchState gives the new ranks only the samples
+    not yet trained on, so every sample of every epoch is trained on exactly once; the model and
+    the optimizer's momentum come back from the commit, so the weights are a serial replay's."""
+    records, ep, logdir = run_bridge_through_a_failure(tmp_path, TORCH_SCRIPT, timeout=240)
     assert [r["batches"] for r in ep] == [4, 6, 8]  # epoch 1: 2 batches at 4 ranks, 4 at 2 ranks
     assert [r["commits"] for r in ep] == [4, 10, 18]  # carried through the reset
     assert ep[1]["resets_seen"] == [2]
@@ -251,17 +258,7 @@ def test_keras_fit_through_a_failure(tmp_path):
     """model.fit with KerasState and Horovod's three callbacks; rank 2 fails before epoch 1's
     third batch. The job finishes at 2 ranks from the commit after the second batch: the
     counters (epoch, batch), the weights and the optimizer (its step count) come back."""
-    logdir = tmp_path / "ranks"
-    logdir.mkdir()
-    rc, out, records = run_elastic(tmp_path, FOUR_RANKS_TWO_HOSTS,
-                                   ["--logdir", str(logdir), "--exit-schedule", json.dumps({"1,2": [2]})],
-                                   timeout=300, script=KERAS_SCRIPT)
-    assert rc == 0, out[-6000:]
-    assert "rank 2 on 127.0.0.1 failed" in out
-    ep = epochs_of(records)
-    assert [r["epoch"] for r in ep] == [0, 1, 2], out[-4000:]
-    assert [r["size"] for r in ep] == [4, 2, 2]
-    assert [r["generation"] for r in ep] == [0, 1, 1]
+    records, ep, logdir = run_bridge_through_a_failure(tmp_path, KERAS_SCRIPT, timeout=300)
     # Epoch 1: 2 batches before the reset, then a whole fit epoch (Keras does not shorten it).
     assert [r["batches"] for r in ep] == [4, 6, 4]
     finals = final_of(rank_logs(logdir), 1)

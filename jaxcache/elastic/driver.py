@@ -11,7 +11,8 @@ list; ``elastic.run`` resumes it from the newest commit a host holds. The driver
 - while a job runs, tells rank 0 at its next commit when the hosts should change (a host of
   the job disappeared, or more slots became usable); every rank then leaves and the job is
   restarted on the new hosts from that commit;
-- when a worker raises or dies, blacklists its host (for good, or for a cooldown of
+- when a worker raises or dies, blacklists its host and those of the other workers that
+  reported an exception before the job ended (for good, or for a cooldown of
   ``--blacklist-cooldown-range`` seconds, doubling with each failure of the host) and
   restarts the job from the last commit;
 - fails with a clear message after more than ``--reset-limit`` resets, when every host is
@@ -212,6 +213,16 @@ class LinkServer:
             self.all_connected_at = None
             self.expected = expected
 
+    def failed_hosts(self) -> list[str]:
+        """Hosts of the workers that failed: the first failure's, then every other worker's
+        that reported an exception before the job ended (a killed peer is not one)."""
+        with self.lock:
+            hosts = [self.first_failure.host] if self.first_failure is not None else []
+            for w in self.workers:
+                if w.ending == protocol.FAILED and w.host not in hosts:
+                    hosts.append(w.host)
+            return hosts
+
     def reset_requested(self) -> bool:
         with self.lock:
             return any(w.ending == protocol.RESET for w in self.workers)
@@ -397,9 +408,11 @@ class Driver:
                     return 0
                 reason = "hosts updated"
             elif failed is not None:
-                delay = self.blacklist.add(failed.host)
-                how = "for good" if delay == math.inf else f"for {delay:.1f} s"
-                reason = f"rank {failed.rank} on {failed.host} failed ({failed.error}); {failed.host} blacklisted {how}"
+                listed = []
+                for host in server.failed_hosts():
+                    delay = self.blacklist.add(host)
+                    listed.append(f"{host} blacklisted " + ("for good" if delay == math.inf else f"for {delay:.1f} s"))
+                reason = f"rank {failed.rank} on {failed.host} failed ({failed.error}); {', '.join(listed)}"
             else:
                 if server.connected() == 0:
                     raise ElasticError(f"the job failed (exit status {rc}) before any worker reached "
