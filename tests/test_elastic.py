@@ -413,3 +413,30 @@ def test_elastic_digits_example(tmp_path):
     assert epochs[-1]["generation"] == 2
     assert "rank 1 on 127.0.0.1 failed (the process died)" in out
     assert "check-single: accuracy" in out and ": OK" in out, out[-3000:]
+
+
+def test_ctrl_c_ends_the_elastic_job(tmp_path):
+    """Ctrl-C on the launcher ends the running job and every worker, and is not a reset."""
+    import signal
+    import time
+
+    logfile = tmp_path / "log.jsonl"
+    cmd = [sys.executable, "-m", "jaxcache.run", "-np", "2", "--min-np", "2", "-H", "localhost:1,127.0.0.1:1",
+           str(SCRIPT), "--logfile", str(logfile), "--epochs", "50", "--epoch-wait", "1.0"]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (logfile.exists() and logfile.read_text().count("epoch") >= 1):
+            assert proc.poll() is None and time.monotonic() < deadline, "the job did not start"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out[-4000:]
+    assert "reset" not in out and "job 1:" not in out, out[-4000:]
+    left = subprocess.run(["pgrep", "-f", str(logfile)], capture_output=True, text=True).stdout.split()
+    assert not left, f"workers still running after Ctrl-C: {left}"
