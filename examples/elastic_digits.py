@@ -35,7 +35,8 @@ import jaxcache  # noqa: E402
 import jaxcache.elastic as elastic  # noqa: E402
 from jaxcache.optax import allreduce_gradients  # noqa: E402
 
-from train_digits import batches, forward, init_params, load_data, make_step, train_single  # noqa: E402
+from train_digits import (batches, forward, init_params, load_data, make_step, max_abs_difference,  # noqa: E402
+                          train_single)
 
 
 def parse_args(argv=None):
@@ -114,8 +115,7 @@ def main(argv=None) -> int:
         if args.check_single:
             reference = train_single(initial, x_train, y_train, args, args.batch_size,
                                      steps_per_epoch * args.epochs)
-            worst = max(jax.tree_util.tree_leaves(jax.tree_util.tree_map(
-                lambda a, b: float(jnp.max(jnp.abs(a - b))), params, reference)))
+            worst = max_abs_difference(params, reference)
             ref_acc = test_accuracy(reference, x_test, y_test)
             ok = worst <= 1e-3 and abs(acc - ref_acc) <= 0.01
             print(f"check-single: accuracy {acc:.4f} vs {ref_acc:.4f} in one process; max |parameter "

@@ -113,6 +113,12 @@ def train_single(params, x_train, y_train, args, global_batch: int, steps: int):
     return params
 
 
+def max_abs_difference(a, b) -> float:
+    """The largest |a - b| over the leaves of two parameter pytrees."""
+    diffs = jax.tree_util.tree_map(lambda u, v: float(jnp.max(jnp.abs(u - v))), a, b)
+    return max(jax.tree_util.tree_leaves(diffs))
+
+
 def accuracy(params, x, y) -> float:
     """Each rank scores its share of the test set; the counts are summed across ranks."""
     share = np.array_split(np.arange(len(x)), jaxcache.size())[jaxcache.rank()]
@@ -204,8 +210,7 @@ def main(argv=None) -> int:
     status = 0
     if args.check_single:
         reference = train_single(initial, x_train, y_train, args, global_batch, done)
-        diffs = jax.tree_util.tree_map(lambda a, b: float(jnp.max(jnp.abs(a - b))), params, reference)
-        worst = max(jax.tree_util.tree_leaves(diffs))
+        worst = max_abs_difference(params, reference)
         scale = max(float(jnp.max(jnp.abs(a))) for a in jax.tree_util.tree_leaves(reference))
         ok = worst <= 1e-4 * max(scale, 1.0)
         # Every rank must agree before anyone reports.
