@@ -108,12 +108,14 @@ def test_single_rank_failure(tmp_path, mode):
     check_final(records)
 
 
-def test_fault_tolerance_without_scaling(tmp_path):
-    rc, out, records = run_elastic(tmp_path, ["-np", "4", "--min-np", "2", "-H", "localhost:2,127.0.0.1:2"],
+@pytest.mark.parametrize("hosts,start", [("localhost:2,127.0.0.1:2", 4), ("localhost:2,127.0.0.1:1", 3)],
+                         ids=["np4", "np3"])
+def test_fault_tolerance_without_scaling(tmp_path, hosts, start):
+    rc, out, records = run_elastic(tmp_path, ["-np", str(start), "--min-np", "2", "-H", hosts],
                                    ["--exit-schedule", json.dumps({"1,0": [2]})])
     assert rc == 0, out[-6000:]
     ep = epochs_of(records)
-    assert [r["size"] for r in ep] == [4, 2, 2], out[-4000:]
+    assert [r["size"] for r in ep] == [start, 2, 2], out[-4000:]
     assert [r["hostname"] for r in ep] == ["localhost", "localhost", "localhost"]
     assert "rank 2 on 127.0.0.1 failed" in out
     check_final(records)
