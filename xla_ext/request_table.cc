@@ -109,6 +109,12 @@ bool RequestTable::HasActive() const {
   return !activated_.empty();
 }
 
+std::optional<Clock::time_point> RequestTable::FirstActiveSubmitted() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (activated_.empty()) return std::nullopt;
+  return activated_.front()->submitted;
+}
+
 bool RequestTable::Complete(Request* req, const Status& status) {
   RequestPtr owned;
   {

@@ -76,6 +76,8 @@ class RequestTable {
   std::vector<Request*> TakeActive();
   // Requests are active and not yet taken.
   bool HasActive() const;
+  // When the first of those was submitted (a cycle time batches from there).
+  std::optional<Clock::time_point> FirstActiveSubmitted() const;
 
   // Background thread: completes an active or taken request (exactly once)
   // and activates the next submission of its name. A request this table does

@@ -341,14 +341,20 @@ void Runtime::Loop() {
           // Start a cycle when this rank has work, when the set is stopping,
           // or when the heartbeat is due (idle cycles carry the flags). With a
           // cycle time, cycles keep at least that far apart and the first
-          // request of a burst waits for the rest to join it.
+          // request of a burst waits that long for the rest to join it.
           const auto since = std::chrono::duration_cast<microseconds>(now - set->last_cycle());
           const bool work = set->HasWork();
-          const bool spaced = cycle_time.count() == 0 || since >= cycle_time;
-          const bool due = since >= heartbeat || stopping || set->remove_requested ||
+          microseconds spacing = cycle_time - since;
+          if (cycle_time.count() > 0) {
+            if (auto first = set->table().FirstActiveSubmitted())
+              spacing = std::max(spacing, cycle_time - std::chrono::duration_cast<microseconds>(now - *first));
+          }
+          const bool spaced = cycle_time.count() == 0 || spacing.count() <= 0;
+          const bool due = stopping || set->remove_requested ||
+                           (since >= heartbeat && (!work || spaced)) ||
                            (work && spaced && (set->last_progress() || since >= backoff));
           if (!due) {
-            auto wait = work ? std::max(cycle_time - since, backoff - since) : heartbeat - since;
+            auto wait = work ? std::max(spacing, backoff - since) : heartbeat - since;
             until_due = std::min(until_due, std::max(wait, microseconds(0)));
             continue;
           }

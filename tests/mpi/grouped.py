@@ -135,10 +135,13 @@ elif mode == "donated":
 else:
     # Groups ready in the same cycle share fusion buffers (JAXCACHE_CYCLE_TIME batches
     # the burst). With JAXCACHE_DISABLE_GROUP_FUSION=1 they never do. (The groups are
-    # larger than a cycle-message slot, so their data takes the data phase.)
+    # larger than a cycle-message slot, so their data takes the data phase.) Each burst
+    # comes after an idle spell longer than the cycle time: its first request still
+    # waits for the rest.
     disabled = mode == "fusion-disabled"
     groups = [[np.full(1600, rank + g, np.float32), np.full(800, rank * g, np.float32)] for g in range(3)]
     for round_ in range(3):
+        time.sleep(0.3)
         before = jc.stats()
         outs, handles = [], []
         for g, members in enumerate(groups):
