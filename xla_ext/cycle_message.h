@@ -31,10 +31,12 @@ namespace jaxcache {
 
 class CycleMessage {
  public:
-  static constexpr std::size_t kSlotBytes = 4096;      // largest request that rides along
-  // One message's entries together. Larger messages took MPICH's rendezvous path, which
-  // costs a time slice per step where ranks outnumber cores (docs/control_plane.md).
-  static constexpr std::size_t kPayloadBytes = 16384;
+  // Largest request that rides along: 16 KiB (4096 float32) still costs less in the
+  // cycle than in a data call of its own (benchmarks/README.md, per-leaf E = 4096).
+  static constexpr std::size_t kSlotBytes = 16384;
+  // One message's entries together. 64 KiB messages were slow where ranks outnumber
+  // cores (4 ranks on 2 cores, docs/control_plane.md); 32 KiB holds one largest entry.
+  static constexpr std::size_t kPayloadBytes = 32768;
 
   // Follows the response cache, on every rank in the same order. A bit may
   // carry data if its signature is a small allreduce.

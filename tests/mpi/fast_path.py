@@ -72,6 +72,18 @@ if mode == "in-cycle":
     assert after["in_cycle_reductions"] - before["in_cycle_reductions"] == 5, (before, after)
     assert after["mpi_calls"] == before["mpi_calls"], "a cached small allreduce made a data call"
 
+    # The largest entry, a 16 KiB leaf (4096 float32), rides in the cycle too.
+    leaf = jnp.full(4096, float(rank + 1), jnp.float32)
+    jc.allreduce(leaf, "sum", name="fast.16k")  # negotiated, then cached
+    before = jc.stats()
+    for k in range(5):
+        y = jc.allreduce(leaf, "sum", name="fast.16k")
+    after = jc.stats()
+    assert_close(y, np.full(4096, size * (size + 1) / 2, np.float32), "16 KiB leaf")
+    same_on_all_ranks(y, "16 KiB leaf")
+    assert after["in_cycle_reductions"] - before["in_cycle_reductions"] == 5, (before, after)
+    assert after["mpi_calls"] == before["mpi_calls"], "a cached 16 KiB allreduce made a data call"
+
     # A dependent jitted chain: every step after the first is in-cycle.
     step = jax.jit(lambda x: jax.lax.scan(
         lambda c, _: (jc.allreduce(c, "sum", name="fast.chain") / size, None), x, None, length=200)[0])

@@ -135,11 +135,11 @@ elif mode == "donated":
 else:
     # Groups ready in the same cycle share fusion buffers (JAXCACHE_CYCLE_TIME batches
     # the burst). With JAXCACHE_DISABLE_GROUP_FUSION=1 they never do. (The groups are
-    # larger than a cycle-message slot, so their data takes the data phase.) Each burst
+    # larger than a cycle-message slot, 16 KiB, so their data takes the data phase.) Each burst
     # comes after an idle spell longer than the cycle time: its first request still
     # waits for the rest.
     disabled = mode == "fusion-disabled"
-    groups = [[np.full(1600, rank + g, np.float32), np.full(800, rank * g, np.float32)] for g in range(3)]
+    groups = [[np.full(4000, rank + g, np.float32), np.full(1000, rank * g, np.float32)] for g in range(3)]
     for round_ in range(3):
         time.sleep(0.3)
         before = jc.stats()
@@ -153,8 +153,8 @@ else:
             assert status == 0, msg
         after = jc.stats()
         for g, res in enumerate(outs):
-            assert_close(res[0], np.full(1600, sum(range(size)) + size * g, np.float32), f"g{g} a")
-            assert_close(res[1], np.full(800, sum(range(size)) * g, np.float32), f"g{g} b")
+            assert_close(res[0], np.full(4000, sum(range(size)) + size * g, np.float32), f"g{g} a")
+            assert_close(res[1], np.full(1000, sum(range(size)) * g, np.float32), f"g{g} b")
         fused = after["fused_responses"] - before["fused_responses"]
         calls = after["mpi_calls"] - before["mpi_calls"]
         if disabled:

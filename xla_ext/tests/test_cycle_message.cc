@@ -67,9 +67,10 @@ TEST(CycleMessage, OnlySmallAllreducesCarryData) {
   CycleMessage msg;
   msg.Assign(0, Floats(4));
   CHECK(msg.Eligible(0));
-  msg.Assign(1, Floats(1025));  // 4100 bytes: more than a slot
+  constexpr int64_t kSlotFloats = CycleMessage::kSlotBytes / sizeof(float);
+  msg.Assign(1, Floats(kSlotFloats + 1));  // more than a slot
   CHECK(!msg.Eligible(1));
-  msg.Assign(2, Floats(1024));  // exactly a slot
+  msg.Assign(2, Floats(kSlotFloats));  // exactly a slot
   CHECK(msg.Eligible(2));
   Signature bcast = Floats(4);
   bcast.kind = Kind::kBroadcast;
@@ -224,13 +225,17 @@ TEST(CycleMessage, ThreeRanksFoldToTheSameResult) {
 }
 
 TEST(CycleMessage, PutRefusesWhatNoLongerFits) {
+  // Entries of the largest request that rides along: as many as kPayloadBytes holds, then no more.
+  constexpr std::size_t kFloats = CycleMessage::kSlotBytes / sizeof(float);
+  constexpr std::size_t kFit = CycleMessage::kPayloadBytes / (CycleMessage::kSlotBytes + 8);
+  static_assert(kFit >= 1, "a message holds at least one entry of the largest slot");
   CycleMessage msg;
-  for (uint32_t bit = 0; bit < 5; ++bit) msg.Assign(bit, Floats(1024));  // 4096 + 8 bytes each
+  for (uint32_t bit = 0; bit <= kFit; ++bit) msg.Assign(bit, Floats(kFloats));
   msg.Prepare(1);
-  const std::vector<float> in(1024, 1.0f);
-  for (uint32_t bit = 0; bit < 3; ++bit) CHECK(msg.Put(bit, FloatRequest(in), 1));
+  const std::vector<float> in(kFloats, 1.0f);
+  for (uint32_t bit = 0; bit < kFit; ++bit) CHECK(msg.Put(bit, FloatRequest(in), 1));
   const std::size_t full = msg.bytes();
-  CHECK(!msg.Put(3, FloatRequest(in), 1));  // 4 x 4104 > kPayloadBytes
+  CHECK(!msg.Put(kFit, FloatRequest(in), 1));  // (kFit + 1) x (kSlotBytes + 8) > kPayloadBytes
   CHECK_EQ(msg.bytes(), full);
   CHECK(msg.bytes() <= msg.max_bytes());
 }
