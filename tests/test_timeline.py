@@ -152,7 +152,7 @@ def test_fused_jit_requests_are_recorded(trace):
         negs = t.negotiations(track)
         assert len(negs) == 5, (track, len(negs))
         assert [x["path"] for x in negs] == ["coordinator"] + ["cached"] * 4, track
-    # Each group (two 4 KB tensors) goes through the fusion buffer; groups that
+    # Each group (two 10 KB tensors) goes through the fusion buffer; groups that
     # share one buffer show the copies and the MPI call on each of their tracks.
     executions = [neg["after"] for track in JIT_TRACKS for neg in t.negotiations(track)]
     assert all(a == OPS["grads/0of1"] for a in executions), executions

@@ -11,8 +11,9 @@ Round 1 negotiates every name through rank 0; later rounds hit the response cach
 
 Before the rounds, 'late' is an allreduce that rank 0 submits 0.5 s after the
 others, so the coordinator hears of it from other ranks before its own request.
-After the rounds (not with --forever), a jitted step reduces 24 tensors of 4 KB
-as 12 groups 'J/<g>of12' five times: XLA starts the independent custom calls
+After the rounds (not with --forever), a jitted step reduces 24 tensors of 10 KB
+as 12 groups 'J/<g>of12' five times (20 KB a group: more than the cycle message
+carries, 16 KiB, so the data phase serves them): XLA starts the independent custom calls
 concurrently, so several requests are ready in one cycle and share one fusion
 buffer.
 """
@@ -44,12 +45,12 @@ def late_rank0() -> None:
 
 
 def jit_fused_steps() -> None:
-    tree = {f"t{k:02d}": jnp.full((1024,), float(k), jnp.float32) for k in range(2 * JIT_GROUPS)}
+    tree = {f"t{k:02d}": jnp.full((2560,), float(k), jnp.float32) for k in range(2 * JIT_GROUPS)}
     step = jax.jit(lambda t: jaxcache.grouped_allreduce(t, op="average", num_groups=JIT_GROUPS, name="J"))
     for _ in range(JIT_STEPS):
         out = jax.block_until_ready(step(tree))
     for k in range(2 * JIT_GROUPS):
-        assert_close(out[f"t{k:02d}"], np.full((1024,), float(k), np.float32), f"J t{k}")
+        assert_close(out[f"t{k:02d}"], np.full((2560,), float(k), np.float32), f"J t{k}")
 
 
 def one_round(i: int) -> None:
