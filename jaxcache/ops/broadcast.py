@@ -24,7 +24,7 @@ def _abstract_eval(*avals, **params):
 def _lowering(ctx, *args, name, auto_name, root, world_size, process_set):
     return lowering.ffi_call(ctx, "jaxcache_broadcast", args, name=name, auto_name=auto_name,
                              world_size=world_size, process_set=process_set,
-                             aliases={i: i for i in range(len(args))}, root=root)
+                             aliases=lowering.free_aliases(args), root=root)
 
 
 def _impl(*args, name, auto_name, root, world_size, process_set):

@@ -74,6 +74,14 @@ def handed_over(value) -> bool:
     return not isinstance(value, ir.BlockArgument) or donated_argument(value)
 
 
+def free_aliases(args) -> dict[int, int]:
+    """operand -> result aliases for the operands whose buffer XLA hands over for free: for a
+    collective that can also run out of place (the runtime copies, or sends from the operand
+    while it copies), aliasing anything else would only make XLA copy first, on the
+    critical path."""
+    return {i: i for i, v in enumerate(args) if handed_over(v)}
+
+
 def define_collective(primitive, *, impl: Callable, abstract_eval: Callable, lower: Callable,
                       batch: Callable, transpose: Callable | None = None,
                       differentiable_ops: Iterable[str] | None = None) -> None:

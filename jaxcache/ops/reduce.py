@@ -30,7 +30,7 @@ def _abstract_eval(*avals, **params):
 def _lowering(ctx, *args, name, auto_name, op, prescale, postscale, root, world_size, process_set):
     return lowering.ffi_call(ctx, "jaxcache_reduce", args, name=name, auto_name=auto_name,
                              world_size=world_size, process_set=process_set,
-                             aliases={i: i for i in range(len(args))}, op=op, prescale=prescale,
+                             aliases=lowering.free_aliases(args), op=op, prescale=prescale,
                              postscale=postscale, root=root)
 
 

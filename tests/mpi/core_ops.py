@@ -69,6 +69,21 @@ for dtype in [np.bool_, np.int8, np.uint64, np.float16, ml_dtypes.bfloat16, np.f
             assert_close(np.asarray(out["b"][0]), expect["b"][0], f"broadcast b {dtype} root {root} {mode}")
             same_on_all_ranks(out["a"])
 
+# Broadcast's buffers: XLA copies nothing. An argument that was not donated is broadcast
+# out of place (root copies it into its result; the others receive into theirs), a donated
+# argument or a computed value in place.
+big = np.arange(1 << 18, dtype=np.float32) * (rank + 1)
+for how, f, kw, factor in (
+        ("argument", lambda v: jc.broadcast(v, root=size - 1, name="bc.buf.arg"), {}, 1),
+        ("donated", lambda v: jc.broadcast(v, root=size - 1, name="bc.buf.don"), {"donate_argnums": 0}, 1),
+        ("computed", lambda v: jc.broadcast(v * 2, root=size - 1, name="bc.buf.comp"), {}, 2)):
+    hlo = jax.jit(f, **kw).lower(jnp.asarray(big)).compile().as_text()
+    entry = hlo[hlo.index("\nENTRY"):]  # copies fused into a computation are free
+    assert entry[:entry.index("\n}")].count(" copy(") == 0, how
+    for _ in range(2):
+        y = np.asarray(jax.jit(f, **kw)(jnp.asarray(big)))
+        assert y.tobytes() == (factor * big / (rank + 1) * size).astype(np.float32).tobytes(), how
+
 # Allgather: every dtype; scalars, zero-size, pytrees.
 for dtype in [np.bool_, np.int16, np.uint32, np.float16, ml_dtypes.bfloat16, np.float64, np.complex64]:
     for shape in [(), (0, 3), (2,), (2, 3)]:

@@ -99,11 +99,13 @@ def lowering():
     assert len(c["operands"]) == 3, c
     assert all(t in c["results"] for t in ("tensor<4x3xf32>", "tensor<5xbf16>", "tensor<i32>")), c
 
-    # broadcast from the last rank: the result aliases the operand.
-    calls = lowered(lambda v: jc.broadcast(v, root=size - 1, name="bc"), x)
+    # broadcast from the last rank: the result aliases a computed operand, not an argument
+    # (XLA would copy that first).
+    calls = lowered(lambda v: jc.broadcast(v * 2, root=size - 1, name="bc"), x)
     c = only(calls, "jaxcache_broadcast")
     check_common(c, "bc")
     assert c["attrs"]["root"] == size - 1 and c["aliased"], c
+    assert not only(lowered(lambda v: jc.broadcast(v, root=size - 1, name="bc.arg"), x), "jaxcache_broadcast")["aliased"]
 
     # allgather of a pytree: axis 0 grows by `size`, a scalar becomes a vector.
     calls = lowered(lambda t: jc.allgather(t, name="ag"), {"m": x, "s": jnp.float32(1)})

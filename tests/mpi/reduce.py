@@ -112,6 +112,27 @@ for _ in range(3):
         want = (k + 1) * tri if rank == k % size else (k + 1) * (rank + 1)
         assert np.all(np.asarray(out) == want), (k, out)
 
+# Buffers: XLA copies nothing. An argument that was not donated is reduced out of place
+# (aliasing it would make XLA copy it first); a donated argument or a computed value is
+# reduced in place. Either way root gets the sum and the others their operand, bitwise.
+def copies(f, *args, **jit_kw) -> int:
+    """Copy instructions of the compiled program (those fused into a computation are free)."""
+    hlo = jax.jit(f, **jit_kw).lower(*args).compile().as_text()
+    entry = hlo[hlo.index("\nENTRY"):]
+    return entry[:entry.index("\n}")].count(" copy(")
+
+
+big = np.arange(1 << 18, dtype=np.float32) * (rank + 1)
+for how, f, kw, factor in (
+        ("argument", lambda v: jc.reduce(v, "sum", size - 1, name="red.buf.arg"), {}, 1),
+        ("donated", lambda v: jc.reduce(v, "sum", size - 1, name="red.buf.don"), {"donate_argnums": 0}, 1),
+        ("computed", lambda v: jc.reduce(v * 2, "sum", size - 1, name="red.buf.comp"), {}, 2)):
+    assert copies(f, jnp.asarray(big), **kw) == 0, how
+    for _ in range(2):
+        y = np.asarray(jax.jit(f, **kw)(jnp.asarray(big)))
+        want = factor * (big / (rank + 1) * tri if rank == size - 1 else big)
+        assert y.tobytes() == want.astype(np.float32).tobytes(), how
+
 # A process set of the last two ranks; root is a global rank.
 members = [size - 2, size - 1] if size > 2 else [1]
 ps = jc.ProcessSet(members)
