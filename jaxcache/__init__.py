@@ -19,7 +19,7 @@ _allocator.tune_process()
 _EXPORTS = {
     "init": "runtime", "shutdown": "runtime", "is_initialized": "runtime", "rank": "runtime",
     "size": "runtime", "local_rank": "runtime", "local_size": "runtime", "stats": "runtime",
-    "reset_stats": "runtime", "cache_layout": "runtime", "barrier": "runtime", "join": "runtime",
+    "reset_stats": "runtime", "cache_layout": "runtime", "barrier": "ops.barrier", "join": "runtime",
     "start_timeline": "runtime", "stop_timeline": "runtime",
     "allreduce": "ops.allreduce", "grouped_allreduce": "ops.grouped_allreduce",
     "broadcast": "ops.broadcast", "allgather": "ops.allgather",

@@ -119,8 +119,8 @@ def alltoall(x, *, comm=None, token=_NOTSET):
 
 
 def barrier(*, comm=None, token=_NOTSET):
-    """Returns once every rank has called it. Eager: inside jit it runs when the function is
-    traced, not each time the program runs (docs/mpi4jax.md)."""
+    """Returns once every rank has called it; inside jit, every run of the program waits
+    there (not ordered with the program's other operations: docs/mpi4jax.md)."""
     _begin("barrier", token)
     _jc.barrier(comm=comm)
 

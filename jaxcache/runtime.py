@@ -1,4 +1,4 @@
-"""Process API: init, shutdown, barrier, rank and size, counters."""
+"""Process API: init, shutdown, rank and size, counters (barrier: ops/barrier.py)."""
 
 from __future__ import annotations
 
@@ -114,13 +114,6 @@ def _shutdown_at_exit() -> None:
         time.sleep(0.005)
 
 
-def barrier(name: str = "jaxcache.barrier", *, process_set=None, comm=None) -> None:
-    """Returns once every rank (of `process_set`) has called barrier() (eager; negotiated like
-    any collective)."""
-    require_initialized("jaxcache.barrier()")
-    ps = _process_sets.resolve(process_set, "barrier", comm=comm)
-    status, message = ext.barrier(name, ps.id).wait()
-    raise_for_status(status, message)
 
 
 def settings() -> _config.Config:

@@ -45,14 +45,15 @@ def register(primitive, rule, *, cacheable: bool = True) -> None:
 
 def ffi_call(ctx, target: str, args, *, name: str, auto_name: bool, world_size: int,
              process_set: int, aliases: dict[int, int] | None = None, op: str = "sum",
-             prescale: float = 1.0, postscale: float = 1.0, root: int = 0):
+             prescale: float = 1.0, postscale: float = 1.0, root: int = 0, side_effect: bool = False):
     """The custom call of one collective instance: its target, its name (naming.lowered),
     the set it runs in and the size it was traced for. Every target takes the same
     attributes (xla_ext/ffi_handlers.h); a collective ignores those it has no use for
     (`op` and the scales outside reductions, `root` outside rooted collectives).
-    `aliases`: operand -> result buffers XLA may share (in place)."""
+    `aliases`: operand -> result buffers XLA may share (in place); `side_effect`: XLA keeps
+    the call although nothing uses its results (a barrier has none)."""
     ensure_registered()
-    rule = jax.ffi.ffi_lowering(target, operand_output_aliases=aliases or None)
+    rule = jax.ffi.ffi_lowering(target, operand_output_aliases=aliases or None, has_side_effect=side_effect)
     return rule(ctx, *args, **naming.lowered(ctx, name, auto_name), world_size=np.int64(world_size),
                 process_set=np.int64(process_set), op=np.int64(REDUCE_OPS[op]),
                 prescale=np.float64(prescale), postscale=np.float64(postscale), root=np.int64(root))

@@ -18,7 +18,7 @@ from __future__ import annotations
 from ..compat import api as _api
 from ..compat.api import *  # noqa: F403  (the names every bridge shares: _api.__all__)
 from ..compat.reduce_ops import check_num_rank_power_of_2, handle_average_backwards_compatibility
-from ..runtime import barrier
+from ..ops.barrier import barrier
 from ..compat.unsupported import cls as _unsupported_cls
 from . import elastic, util
 from .util import _executing_eagerly  # Horovod exposes it here too; user code calls it

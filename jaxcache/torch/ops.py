@@ -33,6 +33,7 @@ from ..compat import process_sets, reduce_ops
 from ..compat.process_sets import Resolved, global_process_set
 from ..errors import DuplicateNameError, raise_for_status
 from ..ops import naming, validation
+from ..ops.barrier import barrier as _barrier
 from ..protocol import DTYPE_NAMES, NUMPY_BY_DTYPE, Device, DType, ErrorKind, Kind
 from ..ops.reducescatter import scatter_rows
 from . import staging
@@ -697,4 +698,4 @@ def join(device=-1) -> int:
 def barrier(process_set=global_process_set) -> None:
     """Blocks until every rank of `process_set` reaches it."""
     set_of(process_set, "barrier")  # this rank must be a member
-    _runtime.barrier("torch.barrier", process_set=process_set)
+    _barrier("torch.barrier", process_set=process_set)

@@ -2,7 +2,8 @@
 
   early-shutdown  - rank 0 calls shutdown() first; the others keep using local calls for a
                     while: shutdown() waits for them (like MPI_Finalize) and breaks nothing
-  barrier         - barrier() returns on no rank before every rank has called it
+  barrier         - barrier() returns on no rank before every rank has called it, eagerly
+                    and in every run of a jitted program (jaxcache's and mpi4jax's names)
   spin            - a rank with pending work that keeps receiving requests while a peer
                     arrives 10 s late stays under 10% of a core (JAXCACHE_HEARTBEAT_MS=1000)
   interrupt-jax   - SIGINT during an eager wait on a stalled collective raises
@@ -58,6 +59,9 @@ if mode == "early-shutdown":
     sys.exit(0)
 
 elif mode == "barrier":
+    import jax
+    import jaxcache.mpi4jax as mpi4jax
+
     for i in range(3):
         if rank == i % size:
             time.sleep(0.5)
@@ -65,6 +69,59 @@ elif mode == "barrier":
         jc.barrier()
         entered = COMM.allgather(before)
         assert time.time() >= max(entered), "barrier returned before every rank entered it"
+
+    # Inside jit every run of the program is a barrier: with a result (ready once the
+    # program has run), without one (jax.effects_barrier() waits), from mpi4jax's name, in
+    # a process set, and twice in one program (two barriers, in either order per rank).
+    @jax.jit
+    def step(x):
+        jc.barrier()
+        return x + 1
+
+    @jax.jit
+    def only_barrier():
+        mpi4jax.barrier()
+
+    @jax.jit
+    def twice(x):
+        jc.barrier(name="first")
+        y = x * 2
+        jc.barrier(name="second")
+        return y
+
+    ps = jc.ProcessSet([0, last]) if size > 2 else jc.global_process_set
+    if size > 2:
+        jc.add_process_set(ps)
+
+    @jax.jit
+    def in_set(x):
+        jc.barrier(process_set=ps)
+        return x - 1
+
+    programs = [("step", lambda: step(jnp.ones(3)).block_until_ready()),
+                ("only_barrier", lambda: (only_barrier(), jax.effects_barrier())),
+                ("twice", lambda: twice(jnp.ones(3)).block_until_ready())]
+    for what, run in programs:
+        for i in range(3):
+            if rank == i % size:
+                time.sleep(0.3)
+            before = time.time()
+            run()
+            entered = COMM.allgather(before)
+            assert time.time() >= max(entered), f"jitted barrier ({what}, run {i}) returned before every rank entered it"
+    for i in range(2):
+        if rank in (0, last):
+            if rank == (0, last)[i]:
+                time.sleep(0.3)
+            before = time.time()
+            in_set(jnp.ones(2)).block_until_ready()
+        else:
+            before = 0.0
+        entered = COMM.allgather(before)
+        if rank in (0, last):
+            assert time.time() >= max(entered), f"jitted barrier in a process set (run {i})"
+    if size > 2:
+        jc.remove_process_set(ps)
     done("lifecycle barrier")
 
 elif mode == "spin":

@@ -9,7 +9,7 @@
   X(Allreduce, "allreduce", kXla)         \
   X(Broadcast, "broadcast", kXla)         \
   X(Allgather, "allgather", kXla)         \
-  X(Barrier, "barrier", kRuntime)         \
+  X(Barrier, "barrier", kXla)             \
   X(Reducescatter, "reducescatter", kXla) \
   X(Alltoall, "alltoall", kXla)           \
   X(Join, "join", kRuntime)               \
