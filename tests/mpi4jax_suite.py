@@ -64,7 +64,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="mpi4jax-suite-") as tmp:
         work = Path(tmp)
         tests = args.tests or download_tests(work)
-        env = dict(os.environ, JAX_PLATFORMS="cpu")
+        # PYTHONSAFEPATH: `python -m pytest` would put the working directory first on
+        # sys.path, and a source tree given by --tests has mpi4jax's own package there.
+        env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONSAFEPATH="1")
         if not args.peer:
             shim = work / "shim" / "mpi4jax"
             shim.mkdir(parents=True)
