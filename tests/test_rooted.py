@@ -23,3 +23,10 @@ def test_mpi4jax_module(nranks):
     """`import jaxcache.mpi4jax as mpi4jax`: mpi4jax's names, operators and conventions."""
     out = run_mpi("mpi4jax_api.py", nranks, timeout=300).stdout
     assert f"mpi4jax_api: OK on {nranks} ranks" in out
+
+
+def test_reduce_through_mpi_beyond_three_ranks():
+    """Up to 3 ranks root reduces the others' tensors itself; from 4 on, MPI's reduce does
+    (xla_ext/collectives/reduce.cc): the same program at 4 ranks takes that path."""
+    out = run_mpi("reduce.py", 4, timeout=300).stdout
+    assert "reduce: OK on 4 ranks" in out

@@ -133,6 +133,29 @@ for how, f, kw, factor in (
         want = factor * (big / (rank + 1) * tri if rank == size - 1 else big)
         assert y.tobytes() == want.astype(np.float32).tobytes(), how
 
+# Large tensors, several 1 MiB pieces (root reduces each rank's piece as it arrives at 2 and
+# 3 ranks, xla_ext/collectives/reduce.cc): every op with scales, an argument and a donated
+# operand, float16 (reduced by the runtime's own kernels). Values and scales exact in any order
+# (average divides each operand by the ranks first: 3.0 / 2 and 3.0 / 3 are exact).
+n_big = 3 * (1 << 18) + 7
+base = (np.arange(n_big) % 13).astype(np.float32)
+for op, pre, post, dtype in (("sum", 1.0, 1.0, np.float32), ("average", 3.0, 0.5, np.float32),
+                             ("max", 1.0, 1.0, np.float32), ("sum", 1.0, 1.0, np.float16)):
+    inputs = [(base + r).astype(dtype) for r in range(size)]
+    for donate in (False, True):
+        root = size - 1 if donate else 0
+        name = f"red.large.{op}.{np.dtype(dtype)}.{donate}"
+        f = jax.jit(lambda v, op=op, root=root, name=name, pre=pre, post=post:
+                    jc.reduce(v, op, root, name=name, prescale=pre, postscale=post),
+                    donate_argnums=(0,) if donate else ())
+        for _ in range(2):
+            y = np.asarray(f(jnp.asarray(inputs[rank])))
+            if rank == root:
+                total = reference([x.astype(np.float64) * pre for x in inputs], op, np.float64) * post
+                assert y.tobytes() == total.astype(dtype).tobytes(), (op, dtype, donate)
+            else:
+                assert y.tobytes() == inputs[rank].tobytes(), (op, dtype, donate)
+
 # A process set of the last two ranks; root is a global rank.
 members = [size - 2, size - 1] if size > 2 else [1]
 ps = jc.ProcessSet(members)

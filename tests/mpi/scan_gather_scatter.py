@@ -6,6 +6,7 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
+import os  # noqa: E402
 import zlib  # noqa: E402
 
 import jax.numpy as jnp  # noqa: E402
@@ -78,6 +79,22 @@ s = jc.gather(jnp.float32(rank), 0, name="gather.scalar")
 bitwise(s, np.arange(size, dtype=np.float32) if rank == 0 else np.float32(rank), "gather scalar")
 e = jc.scatter(jnp.zeros((size, 0)) if rank == 0 else jnp.zeros((0,)), 0, name="scatter.empty")
 assert e.shape == (0,)
+
+# Blocks of 256 KiB and more (root sends each rank its scatter block itself,
+# xla_ext/collectives/scatter.cc): an argument and a donated operand, each root.
+# (Not under a tiny JAXCACHE_MAX_MPI_COUNT: the blocks above take that path already, and
+# 256 KiB in 5-byte pieces takes minutes.)
+n_blk = (1 << 16) + 3
+for root in ROOTS if "JAXCACHE_MAX_MPI_COUNT" not in os.environ else ():
+    blocks = [np.arange(n_blk, dtype=np.float32) * (r + 1) + root for r in range(size)]
+    for donate in (False, True):
+        kw = {"donate_argnums": (0,)} if donate else {}
+        g = jax.jit(lambda v, root=root, d=donate: jc.gather(v, root, name=f"gather.large.{root}.{d}"), **kw)
+        bitwise(g(jnp.asarray(blocks[rank])), np.stack(blocks) if rank == root else blocks[rank],
+                f"gather large {root} {donate}")
+        sc = jax.jit(lambda v, root=root, d=donate: jc.scatter(v, root, name=f"scatter.large.{root}.{d}"), **kw)
+        src = np.stack(blocks) if rank == root else np.zeros(n_blk, np.float32)
+        bitwise(sc(jnp.asarray(src)), blocks[rank], f"scatter large {root} {donate}")
 
 # vmap over a batch axis.
 root = size - 1

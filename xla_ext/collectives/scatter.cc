@@ -10,6 +10,13 @@
 namespace jaxcache {
 namespace {
 
+// From this block size on, root sends each rank its block itself (linear)
+// instead of MPI's binomial scatter, which forwards blocks through other
+// ranks. Pure MPI on one host, linear / MPI_Scatter: 0.50-0.73 from 256 KiB
+// at 2-4 ranks, 0.70-1.21 below (benchmarks/rooted_algorithms.py;
+// benchmarks/README.md).
+constexpr int64_t kLinearBlockBytes = int64_t(256) << 10;
+
 // "(3, 4)" for a (P, 3, 4) tensor: one block.
 std::string BlockShape(const TensorSpec& t) {
   TensorSpec block = t;
@@ -65,24 +72,39 @@ class Scatter final : public RowMovement {
     char* out = static_cast<char*>(r.outputs[t]);
     if (bytes == 0) co_return;
     ++ops.stats().mpi_calls;
-    if (bytes <= comm.max_count()) {
+    if (bytes < kLinearBlockBytes && bytes <= comm.max_count()) {
       const int n = static_cast<int>(bytes);
       co_await comm.Run("MPI_Iscatter", [&](MPI_Request* req) {
         return MPI_Iscatter(me == root ? in : nullptr, n, MPI_BYTE, out, n, MPI_BYTE, root, comm.handle(), req);
       });
       co_return;
     }
-    // Blocks above the MPI count limit: root sends each rank its block piece by piece.
+    // Large blocks (and blocks above the MPI count limit): root sends each rank
+    // its block, piece by piece, copying its own block during the first send.
     const int64_t piece = comm.max_count();
+    if (me != root) {
+      for (int64_t off = 0; off < bytes; off += piece)
+        co_await comm.Exchange(nullptr, 0, root, out + off, std::min(piece, bytes - off), root, DType::kUInt8,
+                               "a scatter");
+      co_return;
+    }
+    const char* own = in + root * bytes;
+    bool copied = false;
+    auto copy_own = [&] {
+      if (!copied && out != own) std::memcpy(out, own, bytes);
+      copied = true;
+    };
     for (int q = 0; q < comm.size(); ++q) {
-      if (me == root && q == root) std::memcpy(out, in + q * bytes, bytes);
-      if (q == root || (me != root && me != q)) continue;
+      if (q == root) continue;
       for (int64_t off = 0; off < bytes; off += piece) {
-        const int64_t n = std::min(piece, bytes - off);
-        if (me == root) co_await comm.Exchange(in + q * bytes + off, n, q, nullptr, 0, q, DType::kUInt8, "a scatter");
-        else co_await comm.Exchange(nullptr, 0, root, out + off, n, root, DType::kUInt8, "a scatter");
+        const char* block = in + q * bytes + off;
+        const int n = static_cast<int>(std::min(piece, bytes - off));
+        co_await comm.Run(
+            "MPI_Isend",
+            [&](MPI_Request* req) { return MPI_Isend(block, n, MPI_BYTE, q, 0, comm.handle(), req); }, copy_own);
       }
     }
+    copy_own();  // (a set of one rank)
   }
 };
 
