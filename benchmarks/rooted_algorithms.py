@@ -68,18 +68,21 @@ def methods(n: int) -> dict[str, Callable[[], None]]:
                     wait(COMM.Irecv(piece[:m], q, 9))
                     out[off:off + m] += piece[:m]
 
+    def root_links(post: Callable[[int], MPI.Request], copy_own: Callable[[], None]) -> None:
+        # Root's message to or from each other rank in turn; its own block copied meanwhile.
+        copy = copy_own
+        for q in range(size):
+            if q != ROOT:
+                req = post(q)
+                copy()
+                copy = lambda: None  # noqa: E731
+                wait(req)
+
     def linear_scatter() -> None:
         if rank != ROOT:
             wait(COMM.Irecv(out, ROOT, 7))
             return
-        copied = False
-        for q in range(size):
-            if q != ROOT:
-                req = COMM.Isend(blocks[q], q, 7)
-                if not copied:
-                    out[:] = blocks[ROOT]
-                    copied = True
-                wait(req)
+        root_links(lambda q: COMM.Isend(blocks[q], q, 7), lambda: out.__setitem__(slice(None), blocks[ROOT]))
 
     def linear_gather() -> None:
         if rank != ROOT:
@@ -87,14 +90,7 @@ def methods(n: int) -> dict[str, Callable[[], None]]:
             out[:] = x
             wait(req)
             return
-        copied = False
-        for q in range(size):
-            if q != ROOT:
-                req = COMM.Irecv(stacked[q], q, 8)
-                if not copied:
-                    stacked[ROOT] = x
-                    copied = True
-                wait(req)
+        root_links(lambda q: COMM.Irecv(stacked[q], q, 8), lambda: stacked.__setitem__(ROOT, x))
 
     is_root = rank == ROOT
     return {

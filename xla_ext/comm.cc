@@ -418,14 +418,20 @@ Task<> Comm::AlltoallData(const void* in, void* out, const std::vector<int64_t>&
   }
 }
 
-Task<> Comm::Exchange(const void* send, int64_t send_count, int to, void* recv, int64_t recv_count,
-                      int from, DType dtype, const char* what) {
+int Comm::PostExchange(const void* send, int64_t send_count, int to, void* recv, int64_t recv_count, int from,
+                       DType dtype) {
   MPI_Datatype type = MpiDatatype(dtype);
   int n = 0;
   if (recv_count > 0)
     CheckMpi(MPI_Irecv(recv, static_cast<int>(recv_count), type, from, 0, comm_, &reqs_[n++]), "MPI_Irecv");
   if (send_count > 0)
     CheckMpi(MPI_Isend(send, static_cast<int>(send_count), type, to, 0, comm_, &reqs_[n++]), "MPI_Isend");
+  return n;
+}
+
+Task<> Comm::Exchange(const void* send, int64_t send_count, int to, void* recv, int64_t recv_count,
+                      int from, DType dtype, const char* what) {
+  const int n = PostExchange(send, send_count, to, recv, recv_count, from, dtype);
   if (n > 0) co_await Await(n, what);
 }
 

@@ -116,6 +116,15 @@ class Comm {
   // the peer's matching count is zero too). `what` names the collective in errors.
   Task<> Exchange(const void* send, int64_t send_count, int to, void* recv, int64_t recv_count,
                   int from, DType dtype, const char* what);
+  // The same, doing `meanwhile()` on this thread once both sides are posted (local
+  // work that does not touch their buffers, e.g. copying this rank's own block).
+  template <typename Meanwhile>
+  Task<> Exchange(const void* send, int64_t send_count, int to, void* recv, int64_t recv_count, int from,
+                  DType dtype, const char* what, Meanwhile meanwhile) {
+    const int n = PostExchange(send, send_count, to, recv, recv_count, from, dtype);
+    meanwhile();
+    if (n > 0) co_await Await(n, what);
+  }
 
   // When > 0, a request that gets no answer for this long means a peer is
   // gone (dead process, failed link): the job is aborted instead of hanging.
@@ -143,6 +152,10 @@ class Comm {
   // side is skipped); *received is how many arrived.
   Task<> CycleStep(const void* send, std::size_t send_bytes, int to, void* recv,
                    std::size_t recv_max, int from, std::size_t* received);
+  // Starts Exchange()'s receive and send (a zero count skips that side); returns
+  // how many requests it started.
+  int PostExchange(const void* send, int64_t send_count, int to, void* recv, int64_t recv_count, int from,
+                   DType dtype);
   // Exchange() uses tag 0: cycle messages never match data.
   static constexpr int kCycleTag = 1;
   [[noreturn]] void AbortUnanswered(const char* what, double waited);

@@ -68,14 +68,9 @@ class Reduce final : public ElementwiseReduction {
           Scale(mine, scratch, n, dtype, scaling.pre);
           send = scratch;
         }
-        co_await comm.Run(
-            "MPI_Isend",
-            [&](MPI_Request* req) {
-              return MPI_Isend(send, static_cast<int>(n), MpiDatatype(dtype), root, 0, comm.handle(), req);
-            },
-            [&] {
-              if (o != mine) std::memcpy(o, mine, bytes);
-            });
+        co_await comm.Exchange(send, n, root, nullptr, 0, root, dtype, "a reduce", [&] {
+          if (o != mine) std::memcpy(o, mine, bytes);
+        });
         continue;
       }
       bool first = true;

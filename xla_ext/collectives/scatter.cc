@@ -97,11 +97,8 @@ class Scatter final : public RowMovement {
     for (int q = 0; q < comm.size(); ++q) {
       if (q == root) continue;
       for (int64_t off = 0; off < bytes; off += piece) {
-        const char* block = in + q * bytes + off;
-        const int n = static_cast<int>(std::min(piece, bytes - off));
-        co_await comm.Run(
-            "MPI_Isend",
-            [&](MPI_Request* req) { return MPI_Isend(block, n, MPI_BYTE, q, 0, comm.handle(), req); }, copy_own);
+        co_await comm.Exchange(in + q * bytes + off, std::min(piece, bytes - off), q, nullptr, 0, q,
+                               DType::kUInt8, "a scatter", copy_own);
       }
     }
     copy_own();  // (a set of one rank)
