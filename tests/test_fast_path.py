@@ -1,12 +1,12 @@
 """The small-collective fast path: data in the cycle's allreduce, submitters driving
-cycles inline (2 and 3 ranks)."""
+cycles inline, sleeping through long transfers where ranks outnumber cores (2 and 3 ranks)."""
 
 import pytest
 
 from conftest import run_mpi
 
 
-@pytest.mark.parametrize("scenario", ["in-cycle", "threads", "order", "per-leaf"])
+@pytest.mark.parametrize("scenario", ["in-cycle", "threads", "order", "per-leaf", "oversubscribed"])
 def test_fast_path(nranks, scenario):
     run_mpi("fast_path.py", nranks, scenario, timeout=240)
 

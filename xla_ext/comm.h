@@ -57,6 +57,7 @@ class Comm {
   // --- driving --------------------------------------------------------------
   bool parked() const { return static_cast<bool>(waiter_); }
   Wait parked_on() const { return parked_on_; }
+  std::chrono::steady_clock::time_point parked_since() const { return parked_at_; }
   // Tests the parked request; if it completed, resumes its coroutine (which
   // runs until it parks again or finishes) and returns true. Watches the abort
   // deadline and the abandon flag (AbandonedError).

@@ -20,6 +20,7 @@ std::map<std::string, double> Stats::Snapshot() const {
       {"in_cycle_reductions", double(in_cycle_reductions)},
       {"p2p_messages", double(p2p_messages)},
       {"p2p_completed_inline", double(p2p_completed_inline)},
+      {"transfer_sleeps", double(transfer_sleeps)},
       {"negotiation_seconds", negotiation_seconds.load()},
       {"execution_seconds", execution_seconds.load()},
   };
@@ -29,7 +30,7 @@ void Stats::Reset() {
   for (auto* c : {&cycles, &coordinator_rounds, &bitvector_syncs, &cache_hits, &cache_misses,
                   &cache_evictions, &cache_invalidations, &responses_executed, &fused_responses,
                   &bytes_reduced, &mpi_calls, &stall_warnings, &cancellations, &in_cycle_reductions,
-                  &p2p_messages, &p2p_completed_inline})
+                  &p2p_messages, &p2p_completed_inline, &transfer_sleeps})
     c->store(0);
   negotiation_seconds.store(0.0);
   execution_seconds.store(0.0);

@@ -53,6 +53,8 @@ class ProcessSet {
   // The cycle in flight waits for data moving between ranks that are all in
   // the same step: worth polling without sleeping.
   bool transferring() const { return comm_->parked() && comm_->parked_on() == Comm::Wait::kTransfer; }
+  // When the MPI step it waits for was posted.
+  Clock::time_point parked_since() const { return comm_->parked_since(); }
   // This rank has something for the next cycle.
   bool HasWork();
   Clock::time_point last_cycle() const { return last_cycle_; }

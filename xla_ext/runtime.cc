@@ -39,6 +39,18 @@ constexpr microseconds kInlineTransferGrace{1000};
 // Only while this host has a core per rank: otherwise the peer may be waiting
 // for this very core, and yielding at once lets it answer.
 constexpr microseconds kInlineTightPoll{10};
+// Where ranks outnumber cores and more requests wait behind the cycle, a
+// transfer still in flight after this long is waited for by sleeping
+// kMinBackoff between polls, by the background thread alone: a thread that
+// yield-polls through a transfer of milliseconds takes the core from the
+// ranks whose turn it is (their copy-in into the fusion buffer waited 3-21 ms
+// in the run queue for 0.5 ms of work, /proc schedstat) and spends its own
+// scheduler credit, so it waits in turn once it has work. Short steps (the
+// cycle's messages, small data) finish before it and are still polled, and so
+// is a transfer with nothing behind it: MPI's schedule advances only when
+// polled (one 102 MB allreduce at 3 ranks: 1.2x slower when slept through;
+// benchmarks/README.md).
+constexpr microseconds kOversubscribedTransferPoll{200};
 
 int UsableCores() {
   cpu_set_t set;
@@ -73,7 +85,8 @@ Runtime::Runtime(MPI_Comm comm, const Config& config)
   global_ = std::make_shared<ProcessSet>(0, comm, std::vector<int>(), config_, timeline_, *faults_,
                                          completions_, wakeup_, &abandon_);
   sets_[0] = global_;
-  if (global_->comm().local_size() <= UsableCores()) tight_poll_ = kInlineTightPoll;
+  oversubscribed_ = global_->comm().local_size() > UsableCores();
+  if (!oversubscribed_) tight_poll_ = kInlineTightPoll;
   if (!config_.timeline_path.empty() && global_->comm().rank() == 0 &&
       !timeline_.Open(config_.timeline_path, config_.timeline_mark_cycles)) {
     std::fprintf(stderr, "jaxcache: warning: cannot open timeline file '%s'\n",
@@ -279,6 +292,11 @@ void Runtime::DriveUntil(int32_t set_id, const std::function<bool()>& done) {
   Drive(*set, lock, done);
 }
 
+bool Runtime::SleepThrough(ProcessSet& set, Clock::time_point now) const {
+  return oversubscribed_ && set.transferring() && now - set.parked_since() > kOversubscribedTransferPoll &&
+         set.table().HasActive();
+}
+
 void Runtime::Drive(ProcessSet& set_ref, std::unique_lock<std::mutex>& lock,
                     const std::function<bool()>& done) {
   ProcessSet* set = &set_ref;
@@ -292,7 +310,9 @@ void Runtime::Drive(ProcessSet& set_ref, std::unique_lock<std::mutex>& lock,
       // it) finishes soon; the background thread would only poll it the same
       // way, after a wake-up (1 MB alltoall at 2 ranks: 75 -> 59 us).
       const auto now = Clock::now();
-      if (now > deadline && !(set->transferring() && now < deadline + kInlineTransferGrace)) break;
+      if (now > deadline &&
+          !(set->transferring() && now < deadline + kInlineTransferGrace && !SleepThrough(*set, now)))
+        break;
       // A peer that is running answers within microseconds: poll without a
       // system call at first; later yield, in case the peer needs this core.
       if (now - start > tight_poll_) std::this_thread::yield();
@@ -322,6 +342,7 @@ void Runtime::Loop() {
       const auto now = Clock::now();
       const bool stopping = shutdown_requested_ || shutdown_forced_;
       bool moved = false, transferring = false, arriving = false, all_stopped = true;
+      bool poll_transfer = false;  // some transfer is worth polling without sleeping
       microseconds until_due = heartbeat;
       for (auto& set : Sets()) {
         if (set->stopped()) {
@@ -364,18 +385,28 @@ void Runtime::Loop() {
           std::lock_guard<std::mutex> lock2(done_mu_);
           done_cv_.notify_all();
         }
-        if (set->transferring()) transferring = true;
-        else if (set->cycle_in_flight()) arriving = true;
+        if (set->transferring()) {
+          transferring = true;
+          if (!SleepThrough(*set, Clock::now())) poll_transfer = true;
+        } else if (set->cycle_in_flight()) {
+          arriving = true;
+        }
       }
       if (all_stopped) {
         closing = Status::Error(ErrorKind::kShutdown, global_->closing_message());
         break;
       }
       if (moved || transferring) {
-        // Data moving between ranks that are all here: poll without sleeping.
+        // Data moving between ranks that are all here: poll without sleeping,
+        // unless every transfer is one to sleep through (SleepThrough).
         backoff = kMinBackoff;
         idle_since = Clock::now();
-        if (transferring) std::this_thread::yield();
+        if (transferring && !moved && !poll_transfer) {
+          ++global_->stats().transfer_sleeps;
+          wakeup_.WaitFor(kMinBackoff, &seen);
+        } else if (transferring) {
+          std::this_thread::yield();
+        }
         continue;
       }
       if (arriving && Clock::now() - idle_since < kBusySpin) {

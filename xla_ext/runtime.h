@@ -112,6 +112,10 @@ class Runtime {
   std::thread thread_;
   // How long an inline driver polls before yielding between polls (runtime.cc).
   std::chrono::microseconds tight_poll_{0};
+  // This host runs more of the job's ranks than it has cores (runtime.cc).
+  bool oversubscribed_ = false;
+  // A transfer the waiting thread should sleep through rather than poll.
+  bool SleepThrough(ProcessSet& set, Clock::time_point now) const;
 };
 
 }  // namespace jaxcache

@@ -14,6 +14,10 @@
               no more cycles than with the cache off (the runtime restarted with capacity 0),
               which needs a coordinator round per cycle; also a burst of eager requests
               submitted together (larger than one cycle message carries)
+  oversubscribed - where this host runs more ranks than it has cores, the background thread
+              sleeps through a long transfer (a large allreduce) with more requests waiting
+              behind it instead of yield-polling it (`transfer_sleeps`), and only there: with
+              a core per rank it never sleeps
 """
 
 import sys
@@ -275,6 +279,46 @@ elif mode == "per-leaf":
     if rank == 0:
         print(f"per-leaf counters per step: cached {cached}; uncached {uncached}", flush=True)
     done("fast_path per-leaf")
+
+elif mode == "oversubscribed":
+    import os
+    import time
+    from jaxcache._ext import ext
+    from jaxcache.protocol import NUMPY_DTYPES, Kind
+    from jaxcache.errors import raise_for_status
+
+    oversubscribed = ext.local_size() > len(os.sched_getaffinity(0))
+    # Large allreduces submitted one after another (as a backward pass's hooks do): each is
+    # milliseconds of 4 MiB MPI calls on the background thread, and the next waits behind it.
+    n, count = 4 << 20, 8  # 16 MiB of float32 each
+    code = [NUMPY_DTYPES[np.dtype(np.float32)]]
+    ins = [np.arange(n, dtype=np.float32) % 1024 + rank + k for k in range(count)]
+    outs = [np.empty_like(x) for x in ins]
+    def stream():
+        handles = []
+        for k in range(count):
+            handles.append(ext.submit(Kind.ALLREDUCE, f"oversubscribed.{k}", [ins[k]], [outs[k]], 0, 1.0, 1.0, 0,
+                                      code))
+            time.sleep(0.001)
+        for h in handles:
+            raise_for_status(*h.wait())
+
+    stream()  # negotiates the names
+    before = jc.stats()
+    stream()
+    slept = jc.stats()["transfer_sleeps"] - before["transfer_sleeps"]
+    for k in range(count):
+        want = np.arange(n, dtype=np.float32) % 1024 * size + size * (size - 1) // 2 + size * k
+        assert_close(outs[k], want.astype(np.float32), f"16 MiB allreduce {k}")
+        same_on_all_ranks(outs[k], f"16 MiB allreduce {k}")
+    cores = len(os.sched_getaffinity(0))
+    if oversubscribed:
+        assert slept > 0, f"{ext.local_size()} ranks on {cores} cores: no transfer was slept through"
+    else:
+        assert slept == 0, f"a core per rank ({cores} cores), yet {slept} transfer polls slept"
+    if rank == 0:
+        print(f"oversubscribed={oversubscribed}: {slept} transfer sleeps", flush=True)
+    done("fast_path oversubscribed")
 
 else:
     raise SystemExit(f"unknown mode {mode}")
