@@ -201,7 +201,7 @@ def stop_timeline() -> None:
     ext.stop_timeline()
 
 
-_INT_STATS = {"negotiation_seconds", "execution_seconds"}
+_SECONDS_STATS = {"negotiation_seconds", "execution_seconds"}
 
 
 def _last_runtime(call, what: str):
@@ -223,7 +223,7 @@ def stats(process_set=None) -> dict:
     init or the last reset_stats()."""
     set_id = _set_id(process_set, "stats")
     raw = _last_runtime(lambda: ext.stats(set_id), "jaxcache.stats()")
-    return {k: (v if k in _INT_STATS else int(v)) for k, v in raw.items()}
+    return {k: (v if k in _SECONDS_STATS else int(v)) for k, v in raw.items()}
 
 
 def reset_stats(process_set=None) -> None:

@@ -18,6 +18,7 @@ std::map<std::string, double> Stats::Snapshot() const {
       {"stall_warnings", double(stall_warnings)},
       {"cancellations", double(cancellations)},
       {"in_cycle_reductions", double(in_cycle_reductions)},
+      {"completed_inline", double(completed_inline)},
       {"p2p_messages", double(p2p_messages)},
       {"p2p_completed_inline", double(p2p_completed_inline)},
       {"transfer_sleeps", double(transfer_sleeps)},
@@ -30,7 +31,7 @@ void Stats::Reset() {
   for (auto* c : {&cycles, &coordinator_rounds, &bitvector_syncs, &cache_hits, &cache_misses,
                   &cache_evictions, &cache_invalidations, &responses_executed, &fused_responses,
                   &bytes_reduced, &mpi_calls, &stall_warnings, &cancellations, &in_cycle_reductions,
-                  &p2p_messages, &p2p_completed_inline, &transfer_sleeps})
+                  &completed_inline, &p2p_messages, &p2p_completed_inline, &transfer_sleeps})
     c->store(0);
   negotiation_seconds.store(0.0);
   execution_seconds.store(0.0);

@@ -85,7 +85,8 @@ struct Stats {
   std::atomic<int64_t> cycles{0}, coordinator_rounds{0}, bitvector_syncs{0}, cache_hits{0},
       cache_misses{0}, cache_evictions{0}, cache_invalidations{0}, responses_executed{0},
       fused_responses{0}, bytes_reduced{0}, mpi_calls{0}, stall_warnings{0}, cancellations{0},
-      in_cycle_reductions{0}, p2p_messages{0}, p2p_completed_inline{0}, transfer_sleeps{0};
+      in_cycle_reductions{0}, completed_inline{0}, p2p_messages{0}, p2p_completed_inline{0},
+      transfer_sleeps{0};
   std::atomic<double> negotiation_seconds{0.0}, execution_seconds{0.0};
 
   static void Add(std::atomic<double>& counter, double s) {

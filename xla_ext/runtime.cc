@@ -281,6 +281,7 @@ void Runtime::Submit(RequestPtr req, bool drive) {
     return;
   }
   Drive(*set, lock, [&scope] { return scope.done(); });
+  if (scope.done()) ++set->stats().completed_inline;
 }
 
 void Runtime::DriveUntil(int32_t set_id, const std::function<bool()>& done) {

@@ -12,8 +12,10 @@
               than any fixed region would hold: in steady state, by counters, with the cache
               no coordinator round and no data MPI call, every one reduced in the cycle, and
               no more cycles than with the cache off (the runtime restarted with capacity 0),
-              which needs a coordinator round per cycle; also a burst of eager requests
-              submitted together (larger than one cycle message carries)
+              which needs a coordinator round per cycle, and most calls completed by XLA's
+              own thread (inline driving); also a burst of eager requests submitted together
+              (larger than one cycle message carries), none completed inline with
+              JAXCACHE_INLINE_SPIN_US=0
   oversubscribed - where this host runs more ranks than it has cores, the background thread
               sleeps through a long transfer (a large allreduce) with more requests waiting
               behind it instead of yield-polling it (`transfer_sleeps`), and only there: with
@@ -210,9 +212,15 @@ elif mode == "per-leaf":
             assert_close(got[i], want[i], f"leaf {i}")
             same_on_all_ranks(got[i], f"leaf {i}")
         return {k: (after[k] - before[k]) / steps for k in
-                ("cycles", "coordinator_rounds", "mpi_calls", "in_cycle_reductions", "cache_hits")}
+                ("cycles", "coordinator_rounds", "mpi_calls", "in_cycle_reductions", "cache_hits",
+                 "completed_inline")}
 
     cached = measure()
+    # Inline driving: XLA's thread runs the cycle of its own small call and completes it
+    # itself, without a hand-over to the background and completion threads (91-99% of the
+    # calls at 2 and 3 ranks on 2 cores; a peer descheduled for longer than
+    # JAXCACHE_INLINE_SPIN_US takes the rest through the background thread).
+    assert cached["completed_inline"] >= N // 4, cached
     assert cached["coordinator_rounds"] == 0, cached
     assert cached["mpi_calls"] == 0, f"cached small leaves made data MPI calls: {cached}"
     assert cached["in_cycle_reductions"] == N, cached
@@ -268,6 +276,7 @@ elif mode == "per-leaf":
     assert after["coordinator_rounds"] == before["coordinator_rounds"], (before, after)
     assert after["in_cycle_reductions"] > before["in_cycle_reductions"], (before, after)
     assert after["cycles"] - before["cycles"] < len(ins) // 4, (before, after)
+    assert after["completed_inline"] == before["completed_inline"], "inline driving is off"
 
     jc.shutdown()
     del os.environ["JAXCACHE_INLINE_SPIN_US"]
