@@ -128,9 +128,10 @@ ffi::Error RunStaged(cudaStream_t stream, const CollectiveCall& call, const Call
 // As on the CPU (ffi_handlers.cc): the execute stage of every kind's target.
 template <Kind kKind>
 ffi::Error CollectiveImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
-                          ffi::RemainingRets rets, std::string_view, int64_t, int64_t world_size,
-                          int64_t set, int64_t op, double prescale, double postscale, int64_t root) {
-  return RunStaged(stream, {kKind, world_size, set, op, prescale, postscale, root}, *site, args, rets);
+                          ffi::RemainingRets rets) {
+  CollectiveCall call = site->call;
+  call.kind = kKind;
+  return RunStaged(stream, call, *site, args, rets);
 }
 
 ffi::Error RankImpl(cudaStream_t stream, ffi::Result<ffi::Buffer<ffi::S32>> out,
@@ -176,8 +177,7 @@ void* CudaCallSiteTypeInfo() { return &cuda_call_site_type_info; }
   JAXCACHE_IF_XLA(target,                                                                        \
                   XLA_FFI_DEFINE_HANDLER_SYMBOL(E##CudaInstantiate, Instantiate<CudaCallSite>,    \
                                                 ffi::Ffi::BindInstantiate() JAXCACHE_FFI_ATTRS);  \
-                  XLA_FFI_DEFINE_HANDLER_SYMBOL(E##CudaHandler, CollectiveImpl<Kind::k##E>,       \
-                                                JAXCACHE_CUDA_BIND JAXCACHE_FFI_ATTRS);)
+                  XLA_FFI_DEFINE_HANDLER_SYMBOL(E##CudaHandler, CollectiveImpl<Kind::k##E>, JAXCACHE_CUDA_BIND);)
 JAXCACHE_KINDS(JAXCACHE_DEFINE_CUDA_TARGET)
 #undef JAXCACHE_DEFINE_CUDA_TARGET
 

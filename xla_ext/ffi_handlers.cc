@@ -48,10 +48,10 @@ ffi::Future Submit(const CollectiveCall& call, const CallSite& site, ffi::Remain
 
 // The execute stage of every kind's target.
 template <Kind kKind>
-ffi::Future CollectiveImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                           std::string_view, int64_t, int64_t world_size, int64_t set, int64_t op,
-                           double prescale, double postscale, int64_t root) {
-  return Submit({kKind, world_size, set, op, prescale, postscale, root}, *site, args, rets);
+ffi::Future CollectiveImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  CollectiveCall call = site->call;
+  call.kind = kKind;
+  return Submit(call, *site, args, rets);
 }
 
 ffi::Error RankImpl(ffi::Result<ffi::Buffer<ffi::S32>> out, int64_t process_set) {
@@ -174,8 +174,7 @@ void* CpuCallSiteTypeInfo() { return &cpu_call_site_type_info; }
   JAXCACHE_IF_XLA(target,                                                                           \
                   XLA_FFI_DEFINE_HANDLER_SYMBOL(E##Instantiate, Instantiate<CpuCallSite>,            \
                                                 ffi::Ffi::BindInstantiate() JAXCACHE_FFI_ATTRS);     \
-                  XLA_FFI_DEFINE_HANDLER_SYMBOL(E##Handler, CollectiveImpl<Kind::k##E>,              \
-                                                JAXCACHE_CPU_BIND JAXCACHE_FFI_ATTRS);)
+                  XLA_FFI_DEFINE_HANDLER_SYMBOL(E##Handler, CollectiveImpl<Kind::k##E>, JAXCACHE_CPU_BIND);)
 JAXCACHE_KINDS(JAXCACHE_DEFINE_TARGET)
 #undef JAXCACHE_DEFINE_TARGET
 

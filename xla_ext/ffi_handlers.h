@@ -1,6 +1,7 @@
 // XLA FFI entry points (typed FFI). Every target has two stages:
 //  - instantiate, once per custom-call instruction of a compiled program:
-//    gives the instance its final collective name (see CallSite);
+//    gives the instance its final collective name and keeps its attributes
+//    (see CallSite);
 //  - execute: builds the request and hands it to the runtime. On CPU the
 //    execute stage is asynchronous: it returns an xla::ffi::Future completed
 //    by the runtime's completion thread. The CUDA handlers
@@ -22,12 +23,26 @@ namespace jaxcache {
 
 class Runtime;
 
+// What one custom call of a collective asks for, from its attributes.
+struct CollectiveCall {
+  Kind kind = Kind::kAllreduce;
+  int64_t world_size = 0;  // the size of the set the program was traced for
+  int64_t process_set = 0;
+  int64_t op = 0;  // a ReduceOp code, checked by PrepareRequest
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int64_t root = 0;
+};
+
 // Per-instruction state. JAX lowers a function called several times inside
 // one program once and calls it from each site, so two instructions can carry
 // the same name; instances of one (program, name) are told apart by the
 // order in which XLA instantiates them, which is the same on every rank.
+// The attributes are read once, here: the execute stage binds none (XLA then
+// skips decoding them on every call; a per-leaf call is a few microseconds).
 struct CallSite {
   std::string name;
+  CollectiveCall call;  // its kind is the target's, set by the execute stage
 };
 
 // The state type XLA sees is one per platform: jaxlib and each PJRT plugin
@@ -44,26 +59,18 @@ void* CpuCallSiteTypeInfo();
 // "name" for the first instance of (program, name), then "name~1", ...
 std::string InstanceName(std::string_view name, int64_t program);
 
-// The instantiate stage of every target, for the state type `Site` (the
-// attributes are bound at both stages: JAXCACHE_FFI_ATTRS).
+// The instantiate stage of every target, for the state type `Site`: binds
+// the attributes (JAXCACHE_FFI_ATTRS) and keeps them in the site.
 template <typename Site>
-xla::ffi::ErrorOr<std::unique_ptr<Site>> Instantiate(std::string_view name, int64_t program, int64_t,
-                                                     int64_t, int64_t, double, double, int64_t) {
+xla::ffi::ErrorOr<std::unique_ptr<Site>> Instantiate(std::string_view name, int64_t program, int64_t world_size,
+                                                     int64_t process_set, int64_t op, double prescale,
+                                                     double postscale, int64_t root) {
   auto site = std::make_unique<Site>();
   site->name = InstanceName(name, program);
+  site->call = {.world_size = world_size, .process_set = process_set, .op = op, .prescale = prescale,
+                .postscale = postscale, .root = root};
   return site;
 }
-
-// What one custom call of a collective asks for, from its attributes.
-struct CollectiveCall {
-  Kind kind = Kind::kAllreduce;
-  int64_t world_size = 0;  // the size of the set the program was traced for
-  int64_t process_set = 0;
-  int64_t op = 0;  // a ReduceOp code, checked by PrepareRequest
-  double prescale = 1.0;
-  double postscale = 1.0;
-  int64_t root = 0;
-};
 
 // One execution checked against the running runtime (MakeRequest): its
 // request over XLA's buffers (host or device addresses, as `device` says; the
@@ -85,9 +92,9 @@ xla::ffi::Error ToFfiError(const Status& status, xla::ffi::ErrorCode code);
 // running or this rank is not a member.
 xla::ffi::ErrorOr<int32_t> RunningRank(int64_t process_set);
 
-// The attributes of every target, bound at both stages and on every platform
-// (XLA checks the count); a kind ignores those it has no use for
-// (jaxcache/ops/lowering.py passes them all).
+// The attributes of every target, bound by the instantiate stage on every
+// platform (XLA checks the count where any is bound); a kind ignores those it
+// has no use for (jaxcache/ops/lowering.py passes them all).
 #define JAXCACHE_FFI_ATTRS                  \
   .Attr<std::string_view>("name")           \
       .Attr<int64_t>("program")             \
