@@ -126,12 +126,9 @@ ffi::Error RunStaged(cudaStream_t stream, const CollectiveCall& call, const Call
 }
 
 // As on the CPU (ffi_handlers.cc): the execute stage of every kind's target.
-template <Kind kKind>
 ffi::Error CollectiveImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
                           ffi::RemainingRets rets) {
-  CollectiveCall call = site->call;
-  call.kind = kKind;
-  return RunStaged(stream, call, *site, args, rets);
+  return RunStaged(stream, site->call, *site, args, rets);
 }
 
 ffi::Error RankImpl(cudaStream_t stream, ffi::Result<ffi::Buffer<ffi::S32>> out,
@@ -175,9 +172,9 @@ void* CudaCallSiteTypeInfo() { return &cuda_call_site_type_info; }
 
 #define JAXCACHE_DEFINE_CUDA_TARGET(E, name, target)                                             \
   JAXCACHE_IF_XLA(target,                                                                        \
-                  XLA_FFI_DEFINE_HANDLER_SYMBOL(E##CudaInstantiate, Instantiate<CudaCallSite>,    \
+                  XLA_FFI_DEFINE_HANDLER_SYMBOL(E##CudaInstantiate, (Instantiate<CudaCallSite, Kind::k##E>), \
                                                 ffi::Ffi::BindInstantiate() JAXCACHE_FFI_ATTRS);  \
-                  XLA_FFI_DEFINE_HANDLER_SYMBOL(E##CudaHandler, CollectiveImpl<Kind::k##E>, JAXCACHE_CUDA_BIND);)
+                  XLA_FFI_DEFINE_HANDLER_SYMBOL(E##CudaHandler, CollectiveImpl, JAXCACHE_CUDA_BIND);)
 JAXCACHE_KINDS(JAXCACHE_DEFINE_CUDA_TARGET)
 #undef JAXCACHE_DEFINE_CUDA_TARGET
 

@@ -46,12 +46,9 @@ ffi::Future Submit(const CollectiveCall& call, const CallSite& site, ffi::Remain
   return future;
 }
 
-// The execute stage of every kind's target.
-template <Kind kKind>
+// The execute stage of every kind's target: the instruction's site holds its call.
 ffi::Future CollectiveImpl(CpuCallSite* site, ffi::RemainingArgs args, ffi::RemainingRets rets) {
-  CollectiveCall call = site->call;
-  call.kind = kKind;
-  return Submit(call, *site, args, rets);
+  return Submit(site->call, *site, args, rets);
 }
 
 ffi::Error RankImpl(ffi::Result<ffi::Buffer<ffi::S32>> out, int64_t process_set) {
@@ -172,9 +169,9 @@ void* CpuCallSiteTypeInfo() { return &cpu_call_site_type_info; }
 
 #define JAXCACHE_DEFINE_TARGET(E, name, target)                                                     \
   JAXCACHE_IF_XLA(target,                                                                           \
-                  XLA_FFI_DEFINE_HANDLER_SYMBOL(E##Instantiate, Instantiate<CpuCallSite>,            \
+                  XLA_FFI_DEFINE_HANDLER_SYMBOL(E##Instantiate, (Instantiate<CpuCallSite, Kind::k##E>), \
                                                 ffi::Ffi::BindInstantiate() JAXCACHE_FFI_ATTRS);     \
-                  XLA_FFI_DEFINE_HANDLER_SYMBOL(E##Handler, CollectiveImpl<Kind::k##E>, JAXCACHE_CPU_BIND);)
+                  XLA_FFI_DEFINE_HANDLER_SYMBOL(E##Handler, CollectiveImpl, JAXCACHE_CPU_BIND);)
 JAXCACHE_KINDS(JAXCACHE_DEFINE_TARGET)
 #undef JAXCACHE_DEFINE_TARGET
 

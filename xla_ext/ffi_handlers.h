@@ -42,7 +42,7 @@ struct CollectiveCall {
 // skips decoding them on every call; a per-leaf call is a few microseconds).
 struct CallSite {
   std::string name;
-  CollectiveCall call;  // its kind is the target's, set by the execute stage
+  CollectiveCall call;
 };
 
 // The state type XLA sees is one per platform: jaxlib and each PJRT plugin
@@ -59,15 +59,15 @@ void* CpuCallSiteTypeInfo();
 // "name" for the first instance of (program, name), then "name~1", ...
 std::string InstanceName(std::string_view name, int64_t program);
 
-// The instantiate stage of every target, for the state type `Site`: binds
-// the attributes (JAXCACHE_FFI_ATTRS) and keeps them in the site.
-template <typename Site>
+// The instantiate stage of kind `kKind`'s target, for the state type `Site`:
+// binds the attributes (JAXCACHE_FFI_ATTRS) and keeps them in the site.
+template <typename Site, Kind kKind>
 xla::ffi::ErrorOr<std::unique_ptr<Site>> Instantiate(std::string_view name, int64_t program, int64_t world_size,
                                                      int64_t process_set, int64_t op, double prescale,
                                                      double postscale, int64_t root) {
   auto site = std::make_unique<Site>();
   site->name = InstanceName(name, program);
-  site->call = {.world_size = world_size, .process_set = process_set, .op = op, .prescale = prescale,
+  site->call = {.kind = kKind, .world_size = world_size, .process_set = process_set, .op = op, .prescale = prescale,
                 .postscale = postscale, .root = root};
   return site;
 }
