@@ -201,9 +201,6 @@ def stop_timeline() -> None:
     ext.stop_timeline()
 
 
-_SECONDS_STATS = {"negotiation_seconds", "execution_seconds"}
-
-
 def _last_runtime(call, what: str):
     # Counters stay readable after shutdown(), until the next init().
     try:
@@ -218,12 +215,11 @@ def _set_id(process_set, fn: str) -> int:
     return _process_sets.resolve(process_set, fn).id
 
 
-def stats(process_set=None) -> dict:
+def stats(process_set=None) -> dict[str, int | float]:
     """Counters of this rank's runtime (of one process set; default the global one) since
     init or the last reset_stats()."""
     set_id = _set_id(process_set, "stats")
-    raw = _last_runtime(lambda: ext.stats(set_id), "jaxcache.stats()")
-    return {k: (v if k in _SECONDS_STATS else int(v)) for k, v in raw.items()}
+    return dict(_last_runtime(lambda: ext.stats(set_id), "jaxcache.stats()"))
 
 
 def reset_stats(process_set=None) -> None:

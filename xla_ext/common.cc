@@ -1,5 +1,7 @@
 #include "common.h"
 
+#include <pthread.h>
+
 #include <cstring>
 #include <stdexcept>
 
@@ -56,6 +58,8 @@ std::size_t TensorSpec::RowBytes() const {
   for (std::size_t i = 1; i < shape.size(); ++i) n *= static_cast<std::size_t>(shape[i]);
   return n;
 }
+
+void NameThisThread(const char* name) { pthread_setname_np(pthread_self(), name); }
 
 std::string RankList(const std::vector<int>& ranks) {
   std::string s = ranks.size() == 1 ? "rank " : "ranks ";

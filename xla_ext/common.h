@@ -43,6 +43,8 @@ inline ReduceOp Reduction(ReduceOp op) { return op == ReduceOp::kAverage ? Reduc
 int64_t ScatterRows(int64_t rows, int size, int rank);
 // "rank 3" or "ranks 1, 2", for messages.
 std::string RankList(const std::vector<int>& ranks);
+// Names the calling thread as `top -H`, gdb and perf show it (at most 15 characters).
+void NameThisThread(const char* name);
 bool IsComplex(DType dtype);
 bool IsInteger(DType dtype);  // bool counts as an integer
 

@@ -1,5 +1,7 @@
 #include "completion_queue.h"
 
+#include "common.h"
+
 namespace jaxcache {
 
 Completion& Completion::operator=(Completion&& o) noexcept {
@@ -29,7 +31,10 @@ void Completion::Run(const Status& status) {
   }
 }
 
-CompletionQueue::CompletionQueue() : thread_([this] { Loop(); }) {}
+CompletionQueue::CompletionQueue() : thread_([this] {
+  NameThisThread("jaxcache-done");
+  Loop();
+}) {}
 
 CompletionQueue::~CompletionQueue() {
   {
@@ -40,16 +45,43 @@ CompletionQueue::~CompletionQueue() {
   thread_.join();
 }
 
-void CompletionQueue::Push(RequestPtr req, Status status) {
+namespace {
+thread_local CompletionQueue::Batch* current_batch = nullptr;
+}  // namespace
+
+CompletionQueue::Batch::Batch(CompletionQueue& queue) : queue_(queue), outer_(current_batch) {
+  current_batch = this;
+}
+
+CompletionQueue::Batch::~Batch() {
+  current_batch = outer_;
+  if (!pushed_) return;
+  if (wakeups_) ++*wakeups_;
+  queue_.cv_.notify_one();
+}
+
+void CompletionQueue::WakeLocked(std::atomic<int64_t>* wakeups) {
+  for (Batch* b = current_batch; b; b = b->outer_) {
+    if (&b->queue_ == this) {
+      b->pushed_ = true;
+      if (wakeups) b->wakeups_ = wakeups;
+      return;
+    }
+  }
+  if (wakeups) ++*wakeups;
+  cv_.notify_one();
+}
+
+void CompletionQueue::Push(RequestPtr req, Status status, std::atomic<int64_t>* wakeups) {
   std::lock_guard<std::mutex> lock(mu_);
   items_.emplace_back(std::move(req), std::move(status));
-  cv_.notify_one();
+  WakeLocked(wakeups);
 }
 
 void CompletionQueue::Push(Completion done, Status status) {
   std::lock_guard<std::mutex> lock(mu_);
   bare_.emplace_back(std::move(done), std::move(status));
-  cv_.notify_one();
+  WakeLocked(nullptr);
 }
 
 void CompletionQueue::Loop() {

@@ -2,7 +2,9 @@
 // work on the thread that completes a future, which must not be the MPI thread.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -16,12 +18,35 @@ class CompletionQueue {
  public:
   CompletionQueue();
   ~CompletionQueue();  // runs what is queued, then stops
-  void Push(RequestPtr req, Status status);
+  // `wakeups` (optional) counts the wake-ups of the completion thread this push causes.
+  void Push(RequestPtr req, Status status, std::atomic<int64_t>* wakeups = nullptr);
   // A completion without a request (point-to-point ops).
   void Push(Completion done, Status status);
 
+  // While a Batch lives on a thread, that thread's pushes to `queue` wake its
+  // thread once, when the batch ends: a cycle that completes many requests
+  // hands them over together. One wake-up per request cost ~11 us each at 3
+  // ranks on 2 cores (the completion thread slept between them), most of a
+  // jitted step of 1000 concurrent small allreduces.
+  class Batch {
+   public:
+    explicit Batch(CompletionQueue& queue);
+    ~Batch();
+    Batch(const Batch&) = delete;
+    Batch& operator=(const Batch&) = delete;
+
+   private:
+    friend class CompletionQueue;
+    CompletionQueue& queue_;
+    Batch* outer_;
+    bool pushed_ = false;
+    std::atomic<int64_t>* wakeups_ = nullptr;
+  };
+
  private:
   void Loop();
+  // Under mu_: wakes the thread now, or when this thread's batch ends.
+  void WakeLocked(std::atomic<int64_t>* wakeups);
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::pair<RequestPtr, Status>> items_;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <variant>
 
 #include "enums.h"
 
@@ -81,13 +82,23 @@ struct Config {
   X(timeline_path, "HOROVOD_TIMELINE")                      \
   X(timeline_mark_cycles, "HOROVOD_TIMELINE_MARK_CYCLES")
 
+// Every counter behind jaxcache.stats(), once (README.md says what each counts).
+// Counts are integers; the timers below them are seconds.
+#define JAXCACHE_STAT_COUNTS(X)                                                                \
+  X(cycles) X(coordinator_rounds) X(bitvector_syncs) X(cache_hits) X(cache_misses)             \
+  X(cache_evictions) X(cache_invalidations) X(responses_executed) X(fused_responses)           \
+  X(bytes_reduced) X(mpi_calls) X(stall_warnings) X(cancellations) X(in_cycle_reductions)      \
+  X(completed_inline) X(completion_wakeups) X(p2p_messages) X(p2p_completed_inline)            \
+  X(transfer_sleeps)
+#define JAXCACHE_STAT_SECONDS(X) X(negotiation_seconds) X(execution_seconds)
+
 struct Stats {
-  std::atomic<int64_t> cycles{0}, coordinator_rounds{0}, bitvector_syncs{0}, cache_hits{0},
-      cache_misses{0}, cache_evictions{0}, cache_invalidations{0}, responses_executed{0},
-      fused_responses{0}, bytes_reduced{0}, mpi_calls{0}, stall_warnings{0}, cancellations{0},
-      in_cycle_reductions{0}, completed_inline{0}, p2p_messages{0}, p2p_completed_inline{0},
-      transfer_sleeps{0};
-  std::atomic<double> negotiation_seconds{0.0}, execution_seconds{0.0};
+#define JAXCACHE_STAT_COUNT_FIELD(name) std::atomic<int64_t> name{0};
+  JAXCACHE_STAT_COUNTS(JAXCACHE_STAT_COUNT_FIELD)
+#undef JAXCACHE_STAT_COUNT_FIELD
+#define JAXCACHE_STAT_SECONDS_FIELD(name) std::atomic<double> name{0.0};
+  JAXCACHE_STAT_SECONDS(JAXCACHE_STAT_SECONDS_FIELD)
+#undef JAXCACHE_STAT_SECONDS_FIELD
 
   static void Add(std::atomic<double>& counter, double s) {
     double cur = counter.load();
@@ -96,7 +107,7 @@ struct Stats {
   }
   void AddNegotiation(double s) { Add(negotiation_seconds, s); }
   void AddExecution(double s) { Add(execution_seconds, s); }
-  std::map<std::string, double> Snapshot() const;
+  std::map<std::string, std::variant<int64_t, double>> Snapshot() const;
   void Reset();
 };
 

@@ -84,7 +84,10 @@ std::string P2POp::Describe() const {
 }
 
 PointToPoint::PointToPoint(const Config& config, CompletionQueue& completions)
-    : config_(config), completions_(completions), thread_([this] { Loop(); }) {}
+    : config_(config), completions_(completions), thread_([this] {
+        NameThisThread("jaxcache-p2p");
+        Loop();
+      }) {}
 
 PointToPoint::~PointToPoint() {
   Stop(Status::Error(ErrorKind::kShutdown, "jaxcache: the runtime has been shut down"));

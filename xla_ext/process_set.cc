@@ -27,9 +27,10 @@ ProcessSet::ProcessSet(int32_t id, MPI_Comm comm, const std::vector<int>& global
       config_(config),
       timeline_(timeline.Scoped(id == 0 ? "" : "set " + std::to_string(id) + ": ")),
       faults_(faults),
+      completions_(completions),
       comm_(std::make_unique<Comm>(comm, config.max_mpi_count, config.chunk_bytes)),
       p2p_(std::make_unique<P2PChannels>(comm)),
-      table_(completions, wakeup) {
+      table_(completions, wakeup, &stats_.completion_wakeups) {
   comm_->SetAbandonFlag(abandon);
   // A peer that stays silent well past the stall shutdown bound is gone.
   if (config_.stall_shutdown_s > 0)
@@ -44,6 +45,8 @@ bool ProcessSet::HasWork() {
 }
 
 bool ProcessSet::Advance(const CycleIntent& intent) {
+  // What this step of the cycle completes is handed over in one wake-up.
+  CompletionQueue::Batch batch(completions_);
   if (!cycle_.valid()) {
     cycle_ = RunCycle(intent);
     cycle_.Start();  // runs until the cycle's allreduce waits for the other ranks

@@ -80,6 +80,7 @@ class ProcessSet {
   const Config& config_;
   Timeline timeline_;
   FaultInjector& faults_;
+  CompletionQueue& completions_;
   Stats stats_;
   std::unique_ptr<Comm> comm_;
   std::unique_ptr<P2PChannels> p2p_;

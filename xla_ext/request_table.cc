@@ -55,7 +55,7 @@ void RequestTable::Finish(RequestPtr req, const Status& status) {
     req->done.Run(status);
     return;
   }
-  completions_.Push(std::move(req), status);
+  completions_.Push(std::move(req), status, completion_wakeups_);
 }
 
 bool RequestTable::Admit(RequestPtr req, bool notify) {

@@ -8,6 +8,7 @@
 // on the other ranks (its `seq`), never with another step's.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -62,8 +63,11 @@ class InlineCompletion {
 
 class RequestTable {
  public:
-  RequestTable(CompletionQueue& completions, Wakeup& wakeup)
-      : completions_(completions), wakeup_(wakeup) {}
+  // `completion_wakeups` (optional) counts how often completions handed to
+  // `completions` woke its thread.
+  RequestTable(CompletionQueue& completions, Wakeup& wakeup,
+               std::atomic<int64_t>* completion_wakeups = nullptr)
+      : completions_(completions), wakeup_(wakeup), completion_wakeups_(completion_wakeups) {}
   ~RequestTable();
 
   // Any thread. Takes ownership; a refused request (closed table, a refused
@@ -112,6 +116,7 @@ class RequestTable {
 
   CompletionQueue& completions_;
   Wakeup& wakeup_;
+  std::atomic<int64_t>* completion_wakeups_;
   mutable std::mutex mu_;
   std::unordered_map<std::string, NameState> names_;
   // Every request held (queued, active or taken): a pointer is looked up here

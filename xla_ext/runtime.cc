@@ -70,7 +70,10 @@ void Runtime::Start(MPI_Comm comm, const Config& config) {
   if (current && current->running()) return;  // idempotent
   InitReduceOps();
   std::shared_ptr<Runtime> rt(new Runtime(comm, config));
-  rt->thread_ = std::thread([raw = rt.get()] { raw->Loop(); });
+  rt->thread_ = std::thread([raw = rt.get()] {
+    NameThisThread("jaxcache-cycle");
+    raw->Loop();
+  });
   current = std::move(rt);
 }
 

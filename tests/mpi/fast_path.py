@@ -13,7 +13,8 @@
               no coordinator round and no data MPI call, every one reduced in the cycle, and
               no more cycles than with the cache off (the runtime restarted with capacity 0),
               which needs a coordinator round per cycle, and most calls completed by XLA's
-              own thread (inline driving); also a burst of eager requests submitted together
+              own thread (inline driving); with 1 KB leaves (run concurrently by XLA) a few
+              wake-ups of the completion thread a step, not one per completion; also a burst of eager requests submitted together
               (larger than one cycle message carries), none completed inline with
               JAXCACHE_INLINE_SPIN_US=0
   oversubscribed - where this host runs more ranks than it has cores, the background thread
@@ -226,6 +227,26 @@ elif mode == "per-leaf":
     assert cached["in_cycle_reductions"] == N, cached
     assert cached["cycles"] <= N, cached
 
+    # Leaves of 1 KB: XLA:CPU runs these calls concurrently, so most complete on the
+    # background thread and reach XLA through the completion thread. A cycle hands over
+    # what it completed in one wake-up of that thread, not one each (a wake-up per
+    # completion cost ~11 us apiece at 3 ranks on 2 cores: most of such a step).
+    wide = [jnp.asarray(np.full(256, rank + i % 7, np.float32)) for i in range(N)]
+    wide_step = jax.jit(lambda xs: [jc.allreduce(x, "sum", name=f"wide.{i}") for i, x in enumerate(xs)])
+    for _ in range(2):
+        jax.block_until_ready(wide_step(wide))
+    before = jc.stats()
+    for _ in range(3):
+        got = jax.block_until_ready(wide_step(wide))
+    after = jc.stats()
+    for i in (0, 1, N - 1):
+        assert_close(got[i], np.full(256, sum(r + i % 7 for r in range(size)), np.float32), f"wide {i}")
+        same_on_all_ranks(got[i], f"wide {i}")
+    handed = N - (after["completed_inline"] - before["completed_inline"]) / 3
+    wakeups = (after["completion_wakeups"] - before["completion_wakeups"]) / 3
+    assert handed >= N // 2, f"the 1 KB leaves were completed inline ({handed} of {N} handed over)"
+    assert wakeups <= N // 4, f"{wakeups} wake-ups of the completion thread per step for {handed} completions"
+
     # Eager per-leaf calls (a Python loop, as a user's): cached, in the cycle message, and
     # no jax.device_put per result (its Python cost ~100 us, more than the collective's).
     def eager_step():
@@ -286,7 +307,8 @@ elif mode == "per-leaf":
     assert uncached["coordinator_rounds"] >= 1 and uncached["cycles"] >= 1, uncached
     assert cached["cycles"] <= uncached["cycles"], (cached, uncached)
     if rank == 0:
-        print(f"per-leaf counters per step: cached {cached}; uncached {uncached}", flush=True)
+        print(f"per-leaf counters per step: cached {cached}; uncached {uncached}; 1 KB leaves: "
+              f"{wakeups} completion wake-ups for {handed} handed over", flush=True)
     done("fast_path per-leaf")
 
 elif mode == "oversubscribed":
