@@ -59,6 +59,8 @@ class ProcessSet {
   bool HasWork();
   Clock::time_point last_cycle() const { return last_cycle_; }
   bool last_progress() const { return progress_; }
+  // Its next cycle is held for a burst of requests still arriving (runtime.cc).
+  bool holding_burst = false;
 
   // --- any thread -----------------------------------------------------------
   // The set has stopped (shutdown, removal): its requests have failed.

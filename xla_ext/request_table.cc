@@ -86,6 +86,7 @@ bool RequestTable::Admit(RequestPtr req, bool notify) {
           if (ns.queue.size() != 1) return false;
           raw->state = RequestState::kActive;
           activated_.push_back(raw);
+          last_admitted_ = raw->submitted;
           if (notify) wakeup_.Notify();
           return true;
         }
@@ -109,10 +110,10 @@ bool RequestTable::HasActive() const {
   return !activated_.empty();
 }
 
-std::optional<Clock::time_point> RequestTable::FirstActiveSubmitted() const {
+std::optional<RequestTable::ActiveBurst> RequestTable::Burst() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (activated_.empty()) return std::nullopt;
-  return activated_.front()->submitted;
+  return ActiveBurst{activated_.size(), activated_.front()->submitted, last_admitted_};
 }
 
 bool RequestTable::Complete(Request* req, const Status& status) {

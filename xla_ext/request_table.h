@@ -80,8 +80,14 @@ class RequestTable {
   std::vector<Request*> TakeActive();
   // Requests are active and not yet taken.
   bool HasActive() const;
-  // When the first of those was submitted (a cycle time batches from there).
-  std::optional<Clock::time_point> FirstActiveSubmitted() const;
+  // The requests active and not yet taken: how many, when the first was
+  // submitted (a cycle time batches from there) and when the last new
+  // submission was admitted (a burst still arriving: runtime.cc).
+  struct ActiveBurst {
+    std::size_t count = 0;
+    Clock::time_point first_submitted, last_admitted;
+  };
+  std::optional<ActiveBurst> Burst() const;
 
   // Background thread: completes an active or taken request (exactly once)
   // and activates the next submission of its name. A request this table does
@@ -123,6 +129,7 @@ class RequestTable {
   // before it is dereferenced, so a stale one is never read.
   std::unordered_set<const Request*> held_;
   std::vector<Request*> activated_;
+  Clock::time_point last_admitted_{};
   bool closed_ = false;
   Status closed_status_;
   Status cancel_status_;

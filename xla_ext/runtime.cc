@@ -51,6 +51,15 @@ constexpr microseconds kInlineTightPoll{10};
 // polled (one 102 MB allreduce at 3 ranks: 1.2x slower when slept through;
 // benchmarks/README.md).
 constexpr microseconds kOversubscribedTransferPoll{200};
+// Where ranks outnumber cores, a cycle started while this rank's requests are
+// still arriving (XLA:CPU starting a step's independent collectives on its
+// threads, a backward pass's hooks) carries a few of them, and the rest take
+// more cycles, each a round of context switches between the ranks: the next
+// cycle waits until no new request has come for kBurstQuiet, at most kBurstCap
+// after the first (benchmarks/README.md, the constants table). One request at
+// a time (a dependent chain) never waits.
+constexpr microseconds kBurstQuiet{100};
+constexpr microseconds kBurstCap{2000};
 
 int UsableCores() {
   cpu_set_t set;
@@ -296,6 +305,28 @@ void Runtime::DriveUntil(int32_t set_id, const std::function<bool()>& done) {
   Drive(*set, lock, done);
 }
 
+microseconds Runtime::BurstHold(ProcessSet& set, Clock::time_point now) {
+  microseconds hold{0};
+  // A cycle time batches bursts its own way; a stopping set does not wait.
+  if (oversubscribed_ && config_.cycle_time_ms <= 0 && !set.cycle_in_flight() &&
+      !IntentFor(set).shutdown_requested) {
+    if (auto burst = set.table().Burst(); burst && burst->count >= 2) {
+      using std::chrono::duration_cast;
+      hold = std::min(kBurstQuiet - duration_cast<microseconds>(now - burst->last_admitted),
+                      kBurstCap - duration_cast<microseconds>(now - burst->first_submitted));
+    }
+  }
+  if (hold.count() <= 0) {
+    set.holding_burst = false;
+    return microseconds(0);
+  }
+  if (!set.holding_burst) {
+    set.holding_burst = true;
+    ++set.stats().burst_holds;
+  }
+  return hold;
+}
+
 bool Runtime::SleepThrough(ProcessSet& set, Clock::time_point now) const {
   return oversubscribed_ && set.transferring() && now - set.parked_since() > kOversubscribedTransferPoll &&
          set.table().HasActive();
@@ -308,6 +339,8 @@ void Runtime::Drive(ProcessSet& set_ref, std::unique_lock<std::mutex>& lock,
   const auto deadline = start + std::chrono::microseconds(static_cast<int64_t>(config_.inline_spin_us));
   try {
     while (!done() && !set->stopped()) {
+      // A burst still arriving: the background thread starts the cycle once it pauses.
+      if (BurstHold(*set, Clock::now()).count() > 0) break;
       // A cycle that finished without completing ours starts the next at once.
       if (set->Advance(IntentFor(*set))) continue;
       // Data moving between ranks that are all here (at most kInlineBytes of
@@ -348,6 +381,7 @@ void Runtime::Loop() {
       bool moved = false, transferring = false, arriving = false, all_stopped = true;
       bool poll_transfer = false;  // some transfer is worth polling without sleeping
       microseconds until_due = heartbeat;
+      microseconds until_held = microseconds::max();  // the end of a burst's hold
       for (auto& set : Sets()) {
         if (set->stopped()) {
           if (set->id() != 0 && set->remove_requested) {  // removed: wake its remover
@@ -362,6 +396,10 @@ void Runtime::Loop() {
           arriving = true;
           continue;
         }
+        if (auto hold = BurstHold(*set, now); hold.count() > 0) {
+          until_held = std::min(until_held, hold);
+          continue;
+        }
         if (!set->cycle_in_flight()) {
           // Start a cycle when this rank has work, when the set is stopping,
           // or when the heartbeat is due (idle cycles carry the flags). With a
@@ -371,8 +409,9 @@ void Runtime::Loop() {
           const bool work = set->HasWork();
           microseconds spacing = cycle_time - since;
           if (cycle_time.count() > 0) {
-            if (auto first = set->table().FirstActiveSubmitted())
-              spacing = std::max(spacing, cycle_time - std::chrono::duration_cast<microseconds>(now - *first));
+            if (auto burst = set->table().Burst())
+              spacing = std::max(spacing, cycle_time - std::chrono::duration_cast<microseconds>(
+                                                           now - burst->first_submitted));
           }
           const bool spaced = cycle_time.count() == 0 || spacing.count() <= 0;
           const bool due = stopping || set->remove_requested ||
@@ -420,7 +459,7 @@ void Runtime::Loop() {
       // Nothing moved: sleep until news, the next due cycle, or the backoff. A
       // long wait sleeps longer (at most a tenth of the time waited so far), so
       // a rank waiting seconds for a late peer costs next to nothing.
-      microseconds sleep = arriving ? backoff : until_due;
+      microseconds sleep = std::min(arriving ? backoff : until_due, until_held);
       if (wakeup_.WaitFor(sleep, &seen)) {
         backoff = kMinBackoff;
         idle_since = Clock::now();

@@ -114,6 +114,9 @@ class Runtime {
   std::chrono::microseconds tight_poll_{0};
   // This host runs more of the job's ranks than it has cores (runtime.cc).
   bool oversubscribed_ = false;
+  // How long to hold the set's next cycle for more of a burst to arrive
+  // (zero: start it now). Under the set's driver().
+  std::chrono::microseconds BurstHold(ProcessSet& set, Clock::time_point now);
   // A transfer the waiting thread should sleep through rather than poll.
   bool SleepThrough(ProcessSet& set, Clock::time_point now) const;
 };

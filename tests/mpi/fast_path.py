@@ -13,8 +13,10 @@
               no coordinator round and no data MPI call, every one reduced in the cycle, and
               no more cycles than with the cache off (the runtime restarted with capacity 0),
               which needs a coordinator round per cycle, and most calls completed by XLA's
-              own thread (inline driving); with 1 KB leaves (run concurrently by XLA) a few
-              wake-ups of the completion thread a step, not one per completion; also a burst of eager requests submitted together
+              own thread (inline driving), none held for a burst; with 1 KB leaves (run
+              concurrently by XLA) a few wake-ups of the completion thread a step, not one
+              per completion, and where ranks outnumber cores a few cycles a step (each held
+              until the burst pauses); also a burst of eager requests submitted together
               (larger than one cycle message carries), none completed inline with
               JAXCACHE_INLINE_SPIN_US=0
   oversubscribed - where this host runs more ranks than it has cores, the background thread
@@ -23,6 +25,7 @@
               a core per rank it never sleeps
 """
 
+import os
 import sys
 import threading
 
@@ -214,7 +217,7 @@ elif mode == "per-leaf":
             same_on_all_ranks(got[i], f"leaf {i}")
         return {k: (after[k] - before[k]) / steps for k in
                 ("cycles", "coordinator_rounds", "mpi_calls", "in_cycle_reductions", "cache_hits",
-                 "completed_inline")}
+                 "completed_inline", "burst_holds")}
 
     cached = measure()
     # Inline driving: XLA's thread runs the cycle of its own small call and completes it
@@ -226,6 +229,8 @@ elif mode == "per-leaf":
     assert cached["mpi_calls"] == 0, f"cached small leaves made data MPI calls: {cached}"
     assert cached["in_cycle_reductions"] == N, cached
     assert cached["cycles"] <= N, cached
+    # One call at a time (a cycle each) is never held for a burst.
+    assert cached["burst_holds"] == 0, cached
 
     # Leaves of 1 KB: XLA:CPU runs these calls concurrently, so most complete on the
     # background thread and reach XLA through the completion thread. A cycle hands over
@@ -236,16 +241,36 @@ elif mode == "per-leaf":
     for _ in range(2):
         jax.block_until_ready(wide_step(wide))
     before = jc.stats()
-    for _ in range(3):
+    step_cycles = []
+    for _ in range(5):
+        c0 = jc.stats()["cycles"]
         got = jax.block_until_ready(wide_step(wide))
+        step_cycles.append(jc.stats()["cycles"] - c0)
     after = jc.stats()
     for i in (0, 1, N - 1):
         assert_close(got[i], np.full(256, sum(r + i % 7 for r in range(size)), np.float32), f"wide {i}")
         same_on_all_ranks(got[i], f"wide {i}")
-    handed = N - (after["completed_inline"] - before["completed_inline"]) / 3
-    wakeups = (after["completion_wakeups"] - before["completion_wakeups"]) / 3
-    assert handed >= N // 2, f"the 1 KB leaves were completed inline ({handed} of {N} handed over)"
-    assert wakeups <= N // 4, f"{wakeups} wake-ups of the completion thread per step for {handed} completions"
+    handed = N - (after["completed_inline"] - before["completed_inline"]) / 5
+    wakeups = (after["completion_wakeups"] - before["completion_wakeups"]) / 5
+    wide_cycles = (after["cycles"] - before["cycles"]) / 5
+    # How many are handed over varies with how XLA's threads are scheduled (300 of 500 ran
+    # inline once on a loaded host); a wake-up per completion would be ~one per leaf.
+    assert handed >= N // 10, f"the 1 KB leaves were completed inline ({handed} of {N} handed over)"
+    assert wakeups <= wide_cycles + N // 10, (
+        f"{wakeups} wake-ups of the completion thread per step for {handed} completions in "
+        f"{wide_cycles} cycles")
+    # Where ranks outnumber cores, a cycle waits for the burst of requests XLA is still
+    # starting to pause, so a step takes a few cycles, not one per handful of leaves. Steps
+    # vary widely either way (3 to 500 cycles seen without the hold, 2 to 118 with it; the
+    # median of five: 4-59 without, 2-6 with), so the median is bounded, and the hold counted.
+    # Summed over ranks: a rank whose requests queue behind a peer's held cycle holds none.
+    holds = COMM.allreduce(after["burst_holds"] - before["burst_holds"]) / 5
+    if ext.local_size() > len(os.sched_getaffinity(0)):
+        assert holds >= 1 and sorted(step_cycles)[2] <= N // 50, (
+            f"{size} ranks on {len(os.sched_getaffinity(0))} cores: cycles per step {step_cycles}, "
+            f"{holds} burst holds per step of {N} concurrent 1 KB allreduces")
+    else:
+        assert holds == 0, f"a core per rank, yet {holds} cycles held for a burst"
 
     # Eager per-leaf calls (a Python loop, as a user's): cached, in the cycle message, and
     # no jax.device_put per result (its Python cost ~100 us, more than the collective's).
@@ -274,7 +299,6 @@ elif mode == "per-leaf":
     # A burst: every request submitted before any is waited for (as Horovod's hooks do),
     # with inline driving off so that they are all pending together; 400 x 256 B is more
     # than one cycle message carries, so some take the data phase.
-    import os
     jc.shutdown()
     os.environ["JAXCACHE_INLINE_SPIN_US"] = "0"
     jc.init()
@@ -296,7 +320,8 @@ elif mode == "per-leaf":
         assert_close(outs[i], np.full(64, sum(r + i % 5 for r in range(size)), np.float32), f"burst {i}")
     assert after["coordinator_rounds"] == before["coordinator_rounds"], (before, after)
     assert after["in_cycle_reductions"] > before["in_cycle_reductions"], (before, after)
-    assert after["cycles"] - before["cycles"] < len(ins) // 4, (before, after)
+    burst_cycles = after["cycles"] - before["cycles"]
+    assert burst_cycles < len(ins) // 4, (before, after)
     assert after["completed_inline"] == before["completed_inline"], "inline driving is off"
 
     jc.shutdown()
@@ -308,11 +333,11 @@ elif mode == "per-leaf":
     assert cached["cycles"] <= uncached["cycles"], (cached, uncached)
     if rank == 0:
         print(f"per-leaf counters per step: cached {cached}; uncached {uncached}; 1 KB leaves: "
-              f"{wakeups} completion wake-ups for {handed} handed over", flush=True)
+              f"{wakeups} completion wake-ups for {handed} handed over, {wide_cycles} cycles, "
+              f"cycles per step {step_cycles}, {holds} burst holds; eager burst {burst_cycles} cycles", flush=True)
     done("fast_path per-leaf")
 
 elif mode == "oversubscribed":
-    import os
     import time
     from jaxcache._ext import ext
     from jaxcache.protocol import NUMPY_DTYPES, Kind
