@@ -86,7 +86,7 @@ bool RequestTable::Admit(RequestPtr req, bool notify) {
           if (ns.queue.size() != 1) return false;
           raw->state = RequestState::kActive;
           activated_.push_back(raw);
-          last_admitted_ = raw->submitted;
+          last_submitted_ = raw->submitted;
           if (notify) wakeup_.Notify();
           return true;
         }
@@ -113,7 +113,7 @@ bool RequestTable::HasActive() const {
 std::optional<RequestTable::ActiveBurst> RequestTable::Burst() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (activated_.empty()) return std::nullopt;
-  return ActiveBurst{activated_.size(), activated_.front()->submitted, last_admitted_};
+  return ActiveBurst{activated_.size(), activated_.front()->submitted, last_submitted_};
 }
 
 bool RequestTable::Complete(Request* req, const Status& status) {

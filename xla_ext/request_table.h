@@ -81,11 +81,11 @@ class RequestTable {
   // Requests are active and not yet taken.
   bool HasActive() const;
   // The requests active and not yet taken: how many, when the first was
-  // submitted (a cycle time batches from there) and when the last new
-  // submission was admitted (a burst still arriving: runtime.cc).
+  // submitted (a cycle time batches from there) and when the request last
+  // admitted as active was submitted (a burst still arriving: runtime.cc).
   struct ActiveBurst {
     std::size_t count = 0;
-    Clock::time_point first_submitted, last_admitted;
+    Clock::time_point first_submitted, last_submitted;
   };
   std::optional<ActiveBurst> Burst() const;
 
@@ -129,7 +129,7 @@ class RequestTable {
   // before it is dereferenced, so a stale one is never read.
   std::unordered_set<const Request*> held_;
   std::vector<Request*> activated_;
-  Clock::time_point last_admitted_{};
+  Clock::time_point last_submitted_{};
   bool closed_ = false;
   Status closed_status_;
   Status cancel_status_;

@@ -312,7 +312,7 @@ microseconds Runtime::BurstHold(ProcessSet& set, Clock::time_point now) {
       !IntentFor(set).shutdown_requested) {
     if (auto burst = set.table().Burst(); burst && burst->count >= 2) {
       using std::chrono::duration_cast;
-      hold = std::min(kBurstQuiet - duration_cast<microseconds>(now - burst->last_admitted),
+      hold = std::min(kBurstQuiet - duration_cast<microseconds>(now - burst->last_submitted),
                       kBurstCap - duration_cast<microseconds>(now - burst->first_submitted));
     }
   }
