@@ -3,13 +3,17 @@
 One primitive call is one named request (a group when it has several
 operands), reduced atomically by the runtime. Scaling ("average" = a prescale
 of 1/n, n the set's size -- after join() too, Horovod's rule, or with
-JAXCACHE_JOIN_AVERAGE_BY_SIZE=0 the ranks that have not joined; prescale; postscale) happens in the runtime while it copies the operand
-into the result buffer (a streaming copy, as cheap as memcpy), which is then
-reduced in place: averaging costs no extra pass.
+JAXCACHE_JOIN_AVERAGE_BY_SIZE=0 the ranks that have not joined; prescale;
+postscale) happens in the runtime while the data is in cache: averaging costs
+no extra pass. A large tensor on up to 4 ranks is reduced by pairwise exchanges
+that read the operand where it is (each rank reduces its block into the result,
+then the blocks are exchanged); otherwise the operand is copied into the result
+chunk by chunk and reduced there by MPI.
 
-An operand of at least 64 KiB whose buffer XLA can hand over without a copy -- a value computed in the program, or an argument the caller
-donated (jax.jit(..., donate_argnums=...)) -- is instead aliased with its result and
-reduced in its own buffer: no copy and no fresh buffer (see docs/design.md).
+An operand of at least 64 KiB whose buffer XLA can hand over without a copy -- a
+value computed in the program, or an argument the caller donated
+(jax.jit(..., donate_argnums=...)) -- is instead aliased with its result and
+reduced in its own buffer: no fresh buffer (see docs/design.md).
 
 Autodiff follows the psum convention: the transpose of an allreduce-sum is an
 allreduce-sum, so grad(lambda x: allreduce(x, "sum").sum())(x) == size * ones.
@@ -36,26 +40,21 @@ def _abstract_eval(*avals, **params):
 IN_PLACE_BYTES = 64 * 1024
 
 
-def _in_place(value, aval, scaled: bool) -> bool:
+def _in_place(value, aval) -> bool:
     """Whether to reduce this operand in its own buffer (aliased with the result).
 
-    Only larger operands gain (the copy it saves is what matters; small ones ride in the
-    cycle message or the fusion buffer). When XLA cannot give the buffer up (a value used
-    again later, a program argument that was not donated) it copies the operand first: no
-    worse than the separate-buffer form's own copy, unless the runtime also has to scale
-    -- the separate-buffer form scales while it copies, an aliased operand then needs a
-    pass of its own. So with a prescale, only operands XLA is known to hand over for free
-    are aliased: values computed in this function, and donated program arguments.
+    Only larger operands gain (small ones ride in the cycle message or the fusion buffer),
+    and only when XLA hands the buffer over for free: a value computed in this function, or
+    a donated program argument. Any other operand XLA would copy first, on the critical
+    path, while the runtime reads a separate operand without copying it (pairwise
+    exchanges, up to 4 ranks) or copies it chunk by chunk while it is in cache, scaling as
+    it goes.
     """
-    if aval.size * aval.dtype.itemsize < IN_PLACE_BYTES:
-        return False
-    return not scaled or lowering.handed_over(value)
+    return aval.size * aval.dtype.itemsize >= IN_PLACE_BYTES and lowering.handed_over(value)
 
 
 def _lowering(ctx, *args, name, auto_name, op, prescale, postscale, world_size, process_set):
-    scaled = prescale != 1.0 or op == "average"
-    aliases = {i: i for i, (v, aval) in enumerate(zip(args, ctx.avals_in))
-               if _in_place(v, aval, scaled)}
+    aliases = {i: i for i, (v, aval) in enumerate(zip(args, ctx.avals_in)) if _in_place(v, aval)}
     return lowering.ffi_call(ctx, "jaxcache_allreduce", args, name=name, auto_name=auto_name,
                              world_size=world_size, process_set=process_set, aliases=aliases,
                              op=op, prescale=prescale, postscale=postscale)

@@ -54,6 +54,46 @@ for dtype in [np.float32, np.float64, np.complex64]:
         assert_close(np.asarray(y), expected, f"scaled {dtype} {mode}", rtol=1e-5, atol=1e-6)
         same_on_all_ranks(y)
 
+# Large allreduces (pairwise exchanges on up to 4 ranks): element counts that do not split
+# evenly, blocks of several 4 MiB pieces at 2 ranks; every op; scaling; an argument (read
+# where it is: XLA copies nothing), a donated argument and a computed value (both reduced
+# in their own buffer); eager and jit.
+for dtype, count in ((np.float32, (9 << 20) // 4 + 3), (np.int32, (1 << 20) // 4 + 5),
+                     (np.float16, (1 << 20) // 2 + 1), (np.complex64, (1 << 20) // 8 + 2)):
+    for op in ops_for(dtype):
+        salt = zlib.crc32(f"large{np.dtype(dtype)}{op}".encode())
+        inputs = [local_input(dtype, (count,), op, r, salt) for r in range(size)]
+        expected = reference(inputs, op, dtype)
+        rtol, atol = tolerance(dtype)
+        for how, f, kw in (("argument", lambda v: jc.allreduce(v, op, name=f"large.{op}.arg"), {}),
+                           ("donated", lambda v: jc.allreduce(v, op, name=f"large.{op}.don"), {"donate_argnums": 0}),
+                           ("computed", lambda v: jc.allreduce(v + v, op, name=f"large.{op}.comp"), {}),
+                           ("eager", None, None)):
+            if how == "eager":
+                y = jc.allreduce(jnp.asarray(inputs[rank]), op, name=f"large.{np.dtype(dtype)}.{op}.eager")
+                want = expected
+            else:
+                y = jax.jit(f, **kw)(jnp.asarray(inputs[rank]))
+                want = reference([x + x for x in inputs], op, dtype) if how == "computed" else expected
+            what = f"large allreduce {np.dtype(dtype)} {op} x {count} ({how})"
+            assert_close(np.asarray(y), want, what, rtol=rtol, atol=atol)
+            same_on_all_ranks(y, what)
+for what, scales in (("prescale", {"prescale": 0.5}), ("postscale", {"postscale": 0.25}),
+                     ("both", {"prescale": 2.0, "postscale": 0.125})):
+    x_all = [local_input(np.float32, ((5 << 20) // 4 + 1,), "sum", r, 31) for r in range(size)]
+    want = (reference([x * scales.get("prescale", 1.0) for x in x_all], "sum", np.float32)
+            * scales.get("postscale", 1.0)).astype(np.float32)
+    for mode in ("eager", "jit"):
+        f = lambda v: jc.allreduce(v, "sum", name=f"large.scaled.{what}.{mode}", **scales)
+        y = f(jnp.asarray(x_all[rank])) if mode == "eager" else jax.jit(f)(jnp.asarray(x_all[rank]))
+        assert_close(np.asarray(y), want, f"large allreduce {what} {mode}", rtol=1e-5, atol=1e-5)
+        same_on_all_ranks(y, f"large allreduce {what} {mode}")
+arg = jnp.asarray(local_input(np.float32, (1 << 18,), "sum", rank, 41))
+for op in ("sum", "average"):
+    hlo = jax.jit(lambda v: jc.allreduce(v, op, name=f"large.hlo.{op}")).lower(arg).compile().as_text()
+    entry = hlo[hlo.index("\nENTRY"):]
+    assert entry[:entry.index("\n}")].count(" copy(") == 0, f"XLA copies a {op} allreduce's argument"
+
 # Broadcast: every dtype, every root, pytrees, eager and jit.
 for dtype in [np.bool_, np.int8, np.uint64, np.float16, ml_dtypes.bfloat16, np.float32, np.complex128]:
     for root in range(size):

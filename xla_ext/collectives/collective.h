@@ -149,6 +149,19 @@ std::string RootJoined(const Signature& sig, const std::vector<bool>& joined, co
 using ChunkReduction = std::function<Task<>(char* chunk, int n)>;
 Task<> ReduceByChunks(Operations& ops, Request& r, std::size_t t, Scaling scaling, ChunkReduction reduce);
 
+// A reducescatter as size - 1 pairwise exchanges, piece by piece (JAXCACHE_CHUNK_BYTES):
+// rank r's block (counts[r] elements, the blocks consecutive in `in`) of the reduction,
+// each element multiplied by `prescale` first and by `postscale` after, lands in `out`.
+// What arrives is received into `out` and reduced there while it is in cache: no packing
+// copy, no MPI temporary, no extra pass. `out` may be this rank's own block of `in` (an
+// allreduce in place). `what` names the collective in errors.
+Task<> PairwiseReducescatter(Operations& ops, const void* in, void* out, const std::vector<int64_t>& counts,
+                             DType dtype, ReduceOp op, double prescale, double postscale, const char* what);
+// Then an allgather in place: rank r's block of `buf` (counts[r] elements, consecutive)
+// goes to every rank, by the same pairwise steps.
+Task<> PairwiseAllgather(Operations& ops, void* buf, const std::vector<int64_t>& counts, DType dtype,
+                         const char* what);
+
 // A reduction whose result has its operand's shape (allreduce, reduce, scan): a rank that
 // has joined contributes the identity.
 class ElementwiseReduction : public Collective {
