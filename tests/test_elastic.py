@@ -426,8 +426,11 @@ def test_ctrl_c_ends_the_elastic_job(tmp_path):
     cmd = [sys.executable, "-m", "jaxcache.run", "-np", "2", "--min-np", "2", "-H", "localhost:1,127.0.0.1:1",
            str(SCRIPT), "--logfile", str(logfile), "--epochs", "50", "--epoch-wait", "1.0"]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    # A terminal's Ctrl-C finds Python's own handler in place; a suite started in the background
+    # of a non-interactive shell would hand the launcher SIGINT ignored instead.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while not (logfile.exists() and logfile.read_text().count("epoch") >= 1):
