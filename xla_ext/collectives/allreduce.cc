@@ -12,9 +12,6 @@
 namespace jaxcache {
 namespace {
 
-// Ranks up to which a large allreduce runs as pairwise exchanges (Execute).
-constexpr int kPairwiseRanks = 4;
-
 class Allreduce final : public ElementwiseReduction {
  public:
   Allreduce() : ElementwiseReduction({.fused = true, .mpi_phase = "MPI_ALLREDUCE"}) {}
@@ -34,8 +31,8 @@ class Allreduce final : public ElementwiseReduction {
     const int size = ops.comm().size();
     if (size > 1 && size <= kPairwiseRanks) {
       const int64_t count = r.sig.tensors[t].NumElements();
-      std::vector<int64_t> counts(size, count / size);
-      for (int q = 0; q < count % size; ++q) ++counts[q];
+      std::vector<int64_t> counts(size);
+      for (int q = 0; q < size; ++q) counts[q] = ScatterRows(count, size, q);
       const int64_t mine = std::accumulate(counts.begin(), counts.begin() + ops.comm().rank(), int64_t{0});
       char* out = static_cast<char*>(r.outputs[t]);
       if (r.inputs[t] != out) AdviseHugePages(out, r.sig.tensors[t].NumBytes());

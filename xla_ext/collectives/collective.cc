@@ -64,6 +64,25 @@ Task<> ReduceByChunks(Operations& ops, Request& r, std::size_t t, Scaling scalin
   }
 }
 
+namespace {
+
+// The pairwise steps' layout: blocks of counts[q] elements laid end to end,
+// moved in pieces of at most JAXCACHE_CHUNK_BYTES.
+struct PairwiseLayout {
+  std::vector<int64_t> displ;  // where each block starts
+  int64_t longest;             // the longest block
+  int64_t per;                 // elements per piece
+};
+
+PairwiseLayout LayoutOf(const Comm& comm, const std::vector<int64_t>& counts, std::size_t esize) {
+  PairwiseLayout l{std::vector<int64_t>(counts.size(), 0), *std::max_element(counts.begin(), counts.end()), 0};
+  for (std::size_t q = 1; q < counts.size(); ++q) l.displ[q] = l.displ[q - 1] + counts[q - 1];
+  l.per = std::max<int64_t>(1, std::min(comm.ChunkCount(esize), l.longest));
+  return l;
+}
+
+}  // namespace
+
 Task<> PairwiseReducescatter(Operations& ops, const void* in, void* out, const std::vector<int64_t>& counts,
                              DType dtype, ReduceOp op, double prescale, double postscale, const char* what) {
   Comm& comm = ops.comm();
@@ -71,11 +90,8 @@ Task<> PairwiseReducescatter(Operations& ops, const void* in, void* out, const s
   const std::size_t esize = ElementSize(dtype);
   // Pieces of JAXCACHE_CHUNK_BYTES: 1 and 16 MiB pieces were slower than 4 MiB
   // at 16-100 MB (2 ranks), one piece per block 1.2x slower at 100 MB.
-  const int64_t longest = *std::max_element(counts.begin(), counts.end());
-  const int64_t per = std::max<int64_t>(1, std::min(comm.ChunkCount(esize), longest));
+  const auto [displ, longest, per] = LayoutOf(comm, counts, esize);
   const bool scaled = prescale != 1.0;
-  std::vector<int64_t> displ(size, 0);
-  for (int q = 1; q < size; ++q) displ[q] = displ[q - 1] + counts[q - 1];
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
   // In place, this rank's own operand is its accumulator: nothing may land on it.
@@ -120,10 +136,7 @@ Task<> PairwiseAllgather(Operations& ops, void* buf, const std::vector<int64_t>&
   Comm& comm = ops.comm();
   const int size = comm.size(), me = comm.rank();
   const std::size_t esize = ElementSize(dtype);
-  const int64_t longest = *std::max_element(counts.begin(), counts.end());
-  const int64_t per = std::max<int64_t>(1, std::min(comm.ChunkCount(esize), longest));
-  std::vector<int64_t> displ(size, 0);
-  for (int q = 1; q < size; ++q) displ[q] = displ[q - 1] + counts[q - 1];
+  const auto [displ, longest, per] = LayoutOf(comm, counts, esize);
   char* base = static_cast<char*>(buf);
   for (int k = 1; k < size; ++k) {
     const int to = (me + k) % size, from = (me - k + size) % size;

@@ -149,6 +149,10 @@ std::string RootJoined(const Signature& sig, const std::vector<bool>& joined, co
 using ChunkReduction = std::function<Task<>(char* chunk, int n)>;
 Task<> ReduceByChunks(Operations& ops, Request& r, std::size_t t, Scaling scaling, ChunkReduction reduce);
 
+// Sets of up to this many ranks reduce by pairwise exchanges at every size
+// (allreduce's large tensors, reducescatter; benchmarks/README.md, "The runtime's
+// constants").
+constexpr int kPairwiseRanks = 4;
 // A reducescatter as size - 1 pairwise exchanges, piece by piece (JAXCACHE_CHUNK_BYTES):
 // rank r's block (counts[r] elements, the blocks consecutive in `in`) of the reduction,
 // each element multiplied by `prescale` first and by `postscale` after, lands in `out`.

@@ -9,11 +9,10 @@
 namespace jaxcache {
 namespace {
 
-// Pairwise exchanges (PairwiseReducescatter, collective.h) run on up to this many ranks at any
-// size, and on more from this many bytes (MPICH's own crossover to pairwise
-// exchange); faster than MPI_Ireduce_scatter_block at every size measured
-// (benchmarks/README.md, "The runtime's constants").
-constexpr int kPairwiseRanks = 4;
+// Pairwise exchanges (PairwiseReducescatter, collective.h) run on up to
+// kPairwiseRanks ranks at any size, and on more from this many bytes (MPICH's
+// own crossover to pairwise exchange); faster than MPI_Ireduce_scatter_block
+// at every size measured (benchmarks/README.md, "The runtime's constants").
 constexpr int64_t kPairwiseBytes = 512 << 10;
 
 class Reducescatter final : public Collective {
