@@ -34,8 +34,8 @@ JAXCACHE_DEFINE_ENUM(SettingScope, JAXCACHE_SETTING_SCOPES)
   X(cycle_time_ms, double, 0.0, kFloat, "JAXCACHE_CYCLE_TIME", 0, kAgreed)                       \
   /* bytes per fusion buffer */                                                                  \
   X(fusion_threshold, int64_t, 64 << 20, kInt, "JAXCACHE_FUSION_THRESHOLD", 1, kAgreed)          \
-  /* tensors this large skip the fusion buffer */                                                \
-  X(direct_threshold, int64_t, 1 << 20, kInt, "JAXCACHE_DIRECT_THRESHOLD", 1, kAgreed)           \
+  /* tensors this large skip the fusion buffer; 0: by the set's size (operations.cc) */          \
+  X(direct_threshold, int64_t, 0, kInt, "JAXCACHE_DIRECT_THRESHOLD", 0, kAgreed)                 \
   /* fuse different responses together */                                                        \
   X(group_fusion, bool, true, kInvertedFlag, "JAXCACHE_DISABLE_GROUP_FUSION", 0, kAgreed)        \
   /* 0 disables warnings */                                                                      \

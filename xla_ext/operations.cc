@@ -18,9 +18,17 @@ namespace {
 // Small tensors that may share one fusion buffer: same dtype, op and scales.
 using FusionKey = std::tuple<DType, ReduceOp, double, double>;
 
-// Tensors already in their result buffer are reduced directly from this size,
-// not through the fusion buffer (measured: benchmarks/README.md, "The runtime's
-// constants").
+// Where an allreduce tensor leaves the fusion buffer to be reduced on its own
+// when JAXCACHE_DIRECT_THRESHOLD is 0 (the default), measured at 2 ranks
+// (benchmarks/README.md, "The runtime's constants"). Up to kPairwiseRanks
+// ranks a tensor on its own moves by pairwise exchanges straight from its
+// operand, which beats the fusion buffer's two copies from about 48 KB (32 KB
+// tensors were faster fused, 64 KB ones 1.15x faster on their own); on more
+// ranks MPI reduces it in place after a copy into the result, worth it from 1 MiB.
+constexpr int64_t kPairwiseDirectBytes = 48 << 10;
+constexpr int64_t kMpiDirectBytes = 1 << 20;
+// Tensors already in their result buffer go direct from this size at most: no
+// copy into the result is left to save.
 constexpr int64_t kInPlaceDirectBytes = 512 << 10;
 
 }  // namespace
@@ -143,8 +151,7 @@ Task<> Operations::Allreduce(std::vector<Job>& jobs, const std::vector<std::size
       // its result) goes direct from a lower size: fusing it would add two copies.
       const Request& req = *jobs[ti].request;
       const bool in_place = req.inputs[t] == req.outputs[t];
-      const int64_t threshold =
-          in_place ? std::min<int64_t>(config_.direct_threshold, kInPlaceDirectBytes) : config_.direct_threshold;
+      const int64_t threshold = in_place ? std::min(DirectThreshold(), kInPlaceDirectBytes) : DirectThreshold();
       if (static_cast<int64_t>(item.bytes) >= threshold) {
         ++jobs[ti].remaining;
         direct.push_back(item);
@@ -257,6 +264,11 @@ Task<> Operations::DirectAllreduce(Job& job, const Item& item) {
   timeline_.Begin(r.name, "MPI_ALLREDUCE");
   co_await CollectiveOf(r.sig.kind).Execute(*this, r, item.tensor);
   timeline_.End(r.name, "MPI_ALLREDUCE");
+}
+
+int64_t Operations::DirectThreshold() const {
+  if (config_.direct_threshold > 0) return config_.direct_threshold;
+  return comm_.size() <= kPairwiseRanks ? kPairwiseDirectBytes : kMpiDirectBytes;
 }
 
 Scaling Operations::ScalingFor(const Request& r, std::size_t t) const {

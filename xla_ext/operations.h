@@ -66,6 +66,8 @@ class Operations {
   Task<> Allreduce(std::vector<Job>& jobs, const std::vector<std::size_t>& which);
   Task<> FusedAllreduce(std::vector<Job>& jobs, const std::vector<Item>& items);
   Task<> DirectAllreduce(Job& job, const Item& item);
+  // Bytes from which an allreduce tensor is reduced on its own (JAXCACHE_DIRECT_THRESHOLD).
+  int64_t DirectThreshold() const;
   // Runs one MPI step for the `touched` jobs; a failure (or an injected fault)
   // fails them.
   Task<> Step(std::vector<Job>& jobs, std::vector<std::size_t> touched, std::function<Task<>()> step);

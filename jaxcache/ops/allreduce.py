@@ -10,10 +10,10 @@ that read the operand where it is (each rank reduces its block into the result,
 then the blocks are exchanged); otherwise the operand is copied into the result
 chunk by chunk and reduced there by MPI.
 
-An operand of at least 64 KiB whose buffer XLA can hand over without a copy -- a
-value computed in the program, or an argument the caller donated
-(jax.jit(..., donate_argnums=...)) -- is instead aliased with its result and
-reduced in its own buffer: no fresh buffer (see docs/design.md).
+An argument the caller donated (jax.jit(..., donate_argnums=...)), or a value
+of at least 64 KiB computed in the program -- a buffer XLA can hand over
+without a copy -- is instead aliased with its result and reduced in its own
+buffer: no fresh buffer, and no copy into the donated one (see docs/design.md).
 
 Autodiff follows the psum convention: the transpose of an allreduce-sum is an
 allreduce-sum, so grad(lambda x: allreduce(x, "sum").sum())(x) == size * ones.
@@ -43,13 +43,16 @@ IN_PLACE_BYTES = 64 * 1024
 def _in_place(value, aval) -> bool:
     """Whether to reduce this operand in its own buffer (aliased with the result).
 
-    Only larger operands gain (small ones ride in the cycle message or the fusion buffer),
-    and only when XLA hands the buffer over for free: a value computed in this function, or
-    a donated program argument. Any other operand XLA would copy first, on the critical
-    path, while the runtime reads a separate operand without copying it (pairwise
-    exchanges, up to 4 ranks) or copies it chunk by chunk while it is in cache, scaling as
-    it goes.
+    A donated program argument always: its buffer must become the result, so a separate
+    result would cost XLA a copy into it after the call (1000 donated 16 KB tensors at 2
+    ranks: 7.4 ms a step against 5.9 not donated). A value computed in this function when it
+    is large enough to gain (small ones ride in the cycle message or the fusion buffer). Any
+    other operand XLA would copy first, on the critical path, while the runtime reads a
+    separate operand without copying it (pairwise exchanges, up to 4 ranks) or copies it
+    chunk by chunk while it is in cache, scaling as it goes.
     """
+    if lowering.donated_argument(value):
+        return True
     return aval.size * aval.dtype.itemsize >= IN_PLACE_BYTES and lowering.handed_over(value)
 
 

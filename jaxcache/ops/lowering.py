@@ -61,6 +61,8 @@ def ffi_call(ctx, target: str, args, *, name: str, auto_name: bool, world_size: 
 
 def donated_argument(value) -> bool:
     """True for an argument of the program that the caller donated."""
+    if not isinstance(value, ir.BlockArgument):
+        return False  # a value computed in the program
     func = value.owner.owner
     if ("sym_name" not in func.attributes or "arg_attrs" not in func.attributes
             or ir.StringAttr(func.attributes["sym_name"]).value != "main"):

@@ -93,6 +93,18 @@ for op in ("sum", "average"):
     hlo = jax.jit(lambda v: jc.allreduce(v, op, name=f"large.hlo.{op}")).lower(arg).compile().as_text()
     entry = hlo[hlo.index("\nENTRY"):]
     assert entry[:entry.index("\n}")].count(" copy(") == 0, f"XLA copies a {op} allreduce's argument"
+# Donated small tensors are reduced in their own buffers too: with separate results XLA
+# would copy each result into its donated buffer after the call.
+small = [jnp.asarray(local_input(np.float32, (1000,), "sum", rank, 43 + i)) for i in range(3)]
+want_small = [reference([local_input(np.float32, (1000,), "sum", r, 43 + i) for r in range(size)], "sum", np.float32)
+              for i in range(3)]
+reduce_donated = jax.jit(lambda t: jc.grouped_allreduce(t, "sum", name="small.donated"), donate_argnums=0)
+hlo = reduce_donated.lower(small).compile().as_text()
+entry = hlo[hlo.index("\nENTRY"):]
+assert entry[:entry.index("\n}")].count(" copy(") == 0, "XLA copies the results of a donated small allreduce"
+for y, want in zip(reduce_donated(small), want_small):
+    assert_close(np.asarray(y), want, "donated small allreduce", rtol=1e-5, atol=1e-5)
+    same_on_all_ranks(y, "donated small allreduce")
 
 # Broadcast: every dtype, every root, pytrees, eager and jit.
 for dtype in [np.bool_, np.int8, np.uint64, np.float16, ml_dtypes.bfloat16, np.float32, np.complex128]:

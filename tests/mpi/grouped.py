@@ -161,4 +161,27 @@ else:
             assert fused == 0 and calls == 3, (round_, fused, calls)
         else:
             assert fused == 3 and calls == 1, (round_, fused, calls)
+    # On up to 4 ranks a tensor of 48 KiB or more (JAXCACHE_DIRECT_THRESHOLD's default) is
+    # reduced on its own, pairwise from its operand: one MPI call of its own. One element
+    # less and it shares the fusion buffer with the small ones.
+    assert size <= 4
+    for big, direct in ((12288, True), (12287, False)):
+        time.sleep(0.3)
+        members = [[np.full(big, rank + g, np.float32), np.full(1000, rank * g, np.float32)] for g in range(3)]
+        before = jc.stats()
+        outs = [[np.empty_like(m) for m in ms] for ms in members]
+        handles = [ext.submit(Kind.ALLREDUCE, f"direct.{big}.g{g}", ms, res, 0)
+                   for g, (ms, res) in enumerate(zip(members, outs))]
+        for h in handles:
+            status, msg = h.wait()
+            assert status == 0, msg
+        after = jc.stats()
+        for g, res in enumerate(outs):
+            assert_close(res[0], np.full(big, sum(range(size)) + size * g, np.float32), f"{big} g{g} a")
+            assert_close(res[1], np.full(1000, sum(range(size)) * g, np.float32), f"{big} g{g} b")
+            same_on_all_ranks(res[0], f"{big} g{g} a")
+        calls = after["mpi_calls"] - before["mpi_calls"]
+        # Fused: one call for the cycle's small tensors, or one per group without group fusion.
+        want = (3 if direct else 0) + (3 if disabled else 1)
+        assert calls == want, (big, calls, want)
     done(mode)
