@@ -2,7 +2,6 @@
 // prescale and postscale; "average" divides by the ranks that contribute).
 // Operations runs a cycle's allreduces together: small tensors fused, the
 // others through Execute below, in place.
-#include <numeric>
 #include <vector>
 
 #include "collectives/collective.h"
@@ -30,15 +29,9 @@ class Allreduce final : public ElementwiseReduction {
     const Scaling scaling = ops.ScalingFor(r, t);
     const int size = ops.comm().size();
     if (size > 1 && size <= kPairwiseRanks) {
-      const int64_t count = r.sig.tensors[t].NumElements();
-      std::vector<int64_t> counts(size);
-      for (int q = 0; q < size; ++q) counts[q] = ScatterRows(count, size, q);
-      const int64_t mine = std::accumulate(counts.begin(), counts.begin() + ops.comm().rank(), int64_t{0});
-      char* out = static_cast<char*>(r.outputs[t]);
-      if (r.inputs[t] != out) AdviseHugePages(out, r.sig.tensors[t].NumBytes());
-      co_await PairwiseReducescatter(ops, r.inputs[t], out + mine * ElementSize(dtype), counts, dtype, op,
-                                     scaling.pre, scaling.post, "an allreduce");
-      co_await PairwiseAllgather(ops, out, counts, dtype, "an allreduce");
+      if (r.inputs[t] != r.outputs[t]) AdviseHugePages(r.outputs[t], r.sig.tensors[t].NumBytes());
+      co_await PairwiseAllreduce(ops, r.inputs[t], r.outputs[t], r.sig.tensors[t].NumElements(), dtype, op,
+                                 scaling);
       co_return;
     }
     co_await ReduceByChunks(ops, r, t, scaling, [&ops, dtype, op](char* chunk, int n) {

@@ -1,6 +1,7 @@
 #include "collectives/collective.h"
 
 #include <algorithm>
+#include <numeric>
 #include <optional>
 #include <sstream>
 
@@ -148,6 +149,18 @@ Task<> PairwiseAllgather(Operations& ops, void* buf, const std::vector<int64_t>&
                              from, dtype, what);
     }
   }
+}
+
+Task<> PairwiseAllreduce(Operations& ops, const void* in, void* out, int64_t count, DType dtype, ReduceOp op,
+                         Scaling scaling) {
+  const int size = ops.comm().size();
+  std::vector<int64_t> counts(size);
+  for (int q = 0; q < size; ++q) counts[q] = ScatterRows(count, size, q);
+  const int64_t mine = std::accumulate(counts.begin(), counts.begin() + ops.comm().rank(), int64_t{0});
+  char* base = static_cast<char*>(out);
+  co_await PairwiseReducescatter(ops, in, base + mine * ElementSize(dtype), counts, dtype, op, scaling.pre,
+                                 scaling.post, "an allreduce");
+  co_await PairwiseAllgather(ops, out, counts, dtype, "an allreduce");
 }
 
 std::string RootJoined(const Signature& sig, const std::vector<bool>& joined, const char* lost) {

@@ -166,6 +166,12 @@ Task<> PairwiseReducescatter(Operations& ops, const void* in, void* out, const s
 Task<> PairwiseAllgather(Operations& ops, void* buf, const std::vector<int64_t>& counts, DType dtype,
                          const char* what);
 
+// An allreduce of `count` elements from `in` into `out` (which may be `in`) as the two
+// pairwise steps above: the operand is read where it is, never copied, and each element
+// is reduced on one rank only (identical results everywhere).
+Task<> PairwiseAllreduce(Operations& ops, const void* in, void* out, int64_t count, DType dtype, ReduceOp op,
+                         Scaling scaling);
+
 // A reduction whose result has its operand's shape (allreduce, reduce, scan): a rank that
 // has joined contributes the identity.
 class ElementwiseReduction : public Collective {
