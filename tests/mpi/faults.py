@@ -54,7 +54,21 @@ def run_concurrently(fns):
     return results
 
 
-def scenario(spec, tag):
+def victim_call(kind, name):
+    """The collective the data fault hits: a small tensor, a large one (pairwise exchanges
+    in pieces, up to 4 ranks), or a group of small ones (one fusion buffer)."""
+    if kind == "large":
+        x = jnp.arange(1 << 19, dtype=jnp.float32) * (rank + 1)  # 2 MiB
+        want = np.arange(1 << 19, dtype=np.float32) * sum(range(1, size + 1))
+        return lambda: jc.allreduce(x, "sum", name=name), [want]
+    if kind == "fused":
+        xs = [jnp.full(1000 * (k + 1), rank + k, jnp.float32) for k in range(3)]
+        want = [np.full(1000 * (k + 1), sum(range(size)) + size * k, np.float32) for k in range(3)]
+        return lambda: jc.grouped_allreduce(xs, "sum", name=name), want
+    return lambda: jc.allreduce(jnp.ones(4), "sum", name=name), [np.full(4, size, np.float32)]
+
+
+def scenario(spec, tag, victim_kind="small"):
     os.environ["JAXCACHE_FAULT_INJECT"] = spec
     jc.init()
     target = int(spec.split("@")[1].split(":")[0])
@@ -78,12 +92,15 @@ def scenario(spec, tag):
         # pending on every rank but the lagging one when the cancel round runs, fails on
         # every rank -- the lagging rank's late submission is refused by its number.
         victim = f"{tag}.victim"
-        (kind, value), took = outcome(lambda: jc.allreduce(jnp.ones(4), "sum", name=victim))
+        call, want = victim_call(victim_kind, victim)
+        (got, value), took = outcome(call)
         assert took < BOUND_S
         if rank == target:
-            assert kind == "error" and victim in value and "injected fault" in value, (kind, value)
+            assert got == "error" and victim in value and "injected fault" in value, (got, value)
         else:
-            assert kind == "ok", (kind, value)
+            assert got == "ok", (got, value)
+            for y, w in zip(value if isinstance(value, list) else [value], want):
+                assert_close(np.asarray(y), w, f"{victim_kind} victim on rank {rank}")
         if rank == (target + 1) % size:
             time.sleep(1.0)
         (kind, value), took = outcome(lambda: jc.allreduce(jnp.ones(4), "sum", name=f"{tag}.bystander"))
@@ -100,6 +117,12 @@ name_part = {"data": ":{tag}.victim", "complete": ":{tag}.victim"}.get(point, ""
 for target in (0, last):
     tag = f"{point}{target}"
     scenario(f"{point}@{target}" + name_part.format(tag=tag), tag)
+if point == "data":
+    # The same after the allreduce's other data paths, on the last rank.
+    for kind in ("large", "fused"):
+        tag = f"data{last}{kind}"
+        suffix = "/0of1" if kind == "fused" else ""  # grouped_allreduce's request name
+        scenario(f"data@{last}:{tag}.victim{suffix}", tag, kind)
 jc.init()
 done(f"faults {point}")
 jc.shutdown()
