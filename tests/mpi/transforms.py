@@ -66,6 +66,50 @@ expect = np.stack([np.full(3, sum(range(size)) + size * i) for i in range(4)]).a
 assert_close(out, expect, "scan")
 same_on_all_ranks(out)
 
+# Mid-size tensors (48 KiB to a few MiB: reduced on their own, pairwise on up to 4
+# ranks, in pieces) inside the transformations users wrap around a training step.
+def mid(shape, seed):
+    """Values that differ per rank and position; sums of them are exact in float32."""
+    return (np.arange(np.prod(shape)).reshape(shape) % 97 + seed * 1000 + rank).astype(np.float32)
+
+def mid_sum(shape, seed):
+    return sum((np.arange(np.prod(shape)).reshape(shape) % 97 + seed * 1000 + q) for q in range(size)).astype(np.float32)
+
+rows = mid((4, 16384), 1)  # vmap: four 64 KiB rows, one 256 KiB batched allreduce
+out = jax.jit(jax.vmap(lambda v: jc.allreduce(v, "sum", name="mid.vmap")))(rows)
+assert_close(out, mid_sum((4, 16384), 1), "vmap of a 64 KiB allreduce")
+same_on_all_ranks(out, "vmap of a 64 KiB allreduce")
+
+def mid_body(c, v):  # scan: a 400 KB carry averaged each iteration
+    return jc.allreduce(c + v, "average", name="mid.scan"), c.sum()
+xs = jnp.stack([jnp.asarray(mid((100000,), 2)) * (i + 1) for i in range(3)])
+carry, sums = jax.jit(lambda c0, v: jax.lax.scan(mid_body, c0, v))(jnp.zeros(100000, jnp.float32), xs)
+expect = np.zeros(100000, np.float64)
+for i in range(3):
+    expect = expect + mid_sum((100000,), 2).astype(np.float64) * (i + 1) / size
+assert_close(carry, expect.astype(np.float32), "scan of a 400 KB average", rtol=1e-5)
+same_on_all_ranks(carry, "scan of a 400 KB average")
+
+def mid_loss(w):  # checkpoint: the allreduce is recomputed on the backward pass
+    return (jax.checkpoint(lambda v: jc.allreduce(v * v, "sum", name="mid.ckpt"))(w) * w).sum()
+w = jnp.asarray(mid((32768,), 3)) / 1000  # 128 KiB
+g = jax.jit(jax.grad(mid_loss))(w)
+# d/dw_r sum_i S_i * w_i with S = sum_q w_q^2: S_i + (psum of the cotangent w) * 2 w_i.
+wq = [(np.arange(32768) % 97 + 3000 + q).astype(np.float32) / 1000 for q in range(size)]
+s_all = sum(v.astype(np.float64) ** 2 for v in wq)
+w_all = sum(v.astype(np.float64) for v in wq)
+expect = s_all + w_all * 2 * np.asarray(w, np.float64)
+assert_close(g, expect.astype(np.float32), "grad through checkpoint of a 128 KiB allreduce", rtol=1e-5)
+same_on_all_ranks(jax.jit(jax.checkpoint(lambda v: jc.allreduce(v * v, "sum", name="mid.ckpt2")))(w))
+
+pick = jax.jit(lambda p, v: jax.lax.cond(p, lambda u: jc.allreduce(u, "sum", name="mid.cond.a"),
+                                         lambda u: jc.allreduce(u * 2, "sum", name="mid.cond.b"), v))
+big = jnp.asarray(mid((600000,), 4))  # 2.4 MB: several pieces
+for p, factor in ((True, 1), (False, 2)):
+    out = pick(p, big)
+    assert_close(out, mid_sum((600000,), 4) * factor, f"cond branch {p} of a 2.4 MB allreduce")
+    same_on_all_ranks(out, "cond of a 2.4 MB allreduce")
+
 # Unsupported differentiation is a clear error.
 try:
     jax.grad(lambda v: jc.allreduce(v, "max", name="g.max").sum())(x)
