@@ -59,14 +59,18 @@ def run_without_launcher_teardown(script: str, np: int, *args: str, env: dict, t
     return rc, out, time.time()
 
 
-def test_killed_rank_detected_by_runtime(nranks):
-    """The last rank SIGKILLs itself mid-training. mpirun's own teardown is switched off, so the
-    job can only end because a surviving runtime notices the silence: with
-    JAXCACHE_STALL_SHUTDOWN_TIME=S it reports it and calls MPI_Abort after max(2 S, S + 5) s."""
+@pytest.mark.parametrize("mode, waiting_in", [("kill", "the negotiation cycle"),
+                                              ("kill-transfer", "an allreduce")])
+def test_killed_rank_detected_by_runtime(nranks, mode, waiting_in):
+    """The last rank SIGKILLs itself mid-training: between steps (the others wait in the
+    negotiation cycle), or while a 64 MB allreduce's pieces are moving (the others wait in its
+    exchanges). mpirun's own teardown is switched off, so the job can only end because a
+    surviving runtime notices the silence: with JAXCACHE_STALL_SHUTDOWN_TIME=S it reports it,
+    naming where it waited, and calls MPI_Abort after max(2 S, S + 5) s."""
     stall = 1.0
     bound = max(2 * stall, stall + 5)  # 6 s
     rc, out, ended = run_without_launcher_teardown(
-        "shutdown.py", nranks, "kill", timeout=60,
+        "shutdown.py", nranks, mode, timeout=60,
         env={"JAXCACHE_STALL_SHUTDOWN_TIME": str(stall)})
     tail = out[-4000:]
     dead = nranks - 1
@@ -80,6 +84,7 @@ def test_killed_rank_detected_by_runtime(nranks):
                        r"aborting the job", out, re.MULTILINE)
     assert report, f"no runtime report of the dead rank:\n{tail}"
     assert int(report.group(1)) != dead, tail
+    assert report.group(2) == waiting_in, report.group(0)
     assert bound <= float(report.group(3)) < bound + 1.5, report.group(0)
     # The job ended within the bound after the kill (plus MPI_Abort's teardown), not much later.
     elapsed = ended - float(killed.group(1))

@@ -4,11 +4,15 @@
   exit      - every rank exits with async-dispatched collectives in flight
   kill      - the last rank SIGKILLs itself in the middle of a training loop, after printing
               the wall-clock time of the kill (the driver measures from it)
+  kill-transfer - the same, from a timer thread while a 64 MB allreduce's pieces are moving
+              between the ranks (pairwise on up to 4 ranks), so the others are left in the
+              data phase, not in the negotiation
 """
 
 import os
 import signal
 import sys
+import threading
 import time
 
 import jax
@@ -55,6 +59,27 @@ elif mode == "kill":
     for i in range(100000):
         tree = step(tree)
         if i == 20 and rank == size - 1:
+            # Between steps: step 20 done here, so the others wait for step 21's cycle.
+            jax.block_until_ready(tree)
             print(f"rank {rank}: killing myself at {time.time():.3f}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("training loop survived a dead rank")
+elif mode == "kill-transfer":
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    step = jax.jit(lambda t: jc.allreduce(t, "average", name="big"))
+    x = jnp.ones(1 << 24)  # 64 MB: 16 pieces of 4 MiB
+    jax.block_until_ready(step(x))
+    started = time.perf_counter()
+    for _ in range(5):
+        x = jax.block_until_ready(step(x))
+    per_step = (time.perf_counter() - started) / 5
+
+    def die():
+        print(f"rank {rank}: killing myself at {time.time():.3f}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if rank == size - 1:  # half-way through the next step: its pieces are moving
+        threading.Timer(per_step / 2, die).start()
+    for _ in range(100000):
+        x = jax.block_until_ready(step(x))
     raise AssertionError("training loop survived a dead rank")
