@@ -26,7 +26,9 @@ negotiates through rank 0) or 8192 ("on", holding every name of the sweep). Jobs
 inside a job, the methods of a cell are interleaved over 3 rounds. A step starts with a
 barrier; its time is the slowest rank's; a cell reports the median over its steps and
 rounds, and medians over the repeats. Counters (cycles, coordinator rounds, data MPI calls,
-in-cycle reductions per step) come from ``jaxcache.stats()``. Results are checked against
+in-cycle reductions per step) come from ``jaxcache.stats()``. "CPU ms" is the CPU time of all
+ranks together in one step (every thread; median over steps): where it approaches the step
+time times the cores, the step is bound by CPU, not by waiting. Results are checked against
 NumPy on every rank before timing. ``--launcher jaxcache`` starts the jobs with
 ``python -m jaxcache.run`` instead of plain ``mpirun``. With more ranks than cores
 (P > 2 on the 2-core machines) every figure is oversubscribed.
@@ -95,17 +97,20 @@ def worker(args: argparse.Namespace) -> None:
         hvd.init()
         torch.set_num_threads(1)
 
-    def timed(fn) -> float:
+    def timed(fn) -> tuple[float, float]:
+        """(step ms of the slowest rank, CPU ms of all ranks together per step), medians."""
         fn()
-        ts = []
+        ts, cpu = [], []
         for _ in range(args.steps):
             comm.Barrier()
-            t = time.perf_counter()
+            c, t = time.process_time(), time.perf_counter()
             fn()
             ts.append(time.perf_counter() - t)
-        slowest = np.empty(len(ts))
+            cpu.append(time.process_time() - c)  # every thread of this rank
+        slowest, total = np.empty(len(ts)), np.empty(len(cpu))
         comm.Allreduce(np.array(ts), slowest, op=MPI.MAX)
-        return float(np.median(slowest)) * 1e3
+        comm.Allreduce(np.array(cpu), total, op=MPI.SUM)
+        return float(np.median(slowest)) * 1e3, float(np.median(total)) * 1e3
 
     def check(got, want) -> None:
         ok = all(np.array_equal(np.asarray(g), w) for g, w in zip(got, want, strict=True))
@@ -166,16 +171,20 @@ def worker(args: argparse.Namespace) -> None:
                     torch_step(dist, params)
                     check([p.grad.numpy() for p in params], want)
                 times = {m: [] for m in methods}
+                cpu = {m: [] for m in methods}
                 before = jc.stats()
                 for _ in range(ROUNDS):
                     for m, fn in methods.items():
-                        times[m].append(timed(fn))
+                        step_ms, cpu_ms = timed(fn)
+                        times[m].append(step_ms)
+                        cpu[m].append(cpu_ms)
                 after = jc.stats()
                 calls = ROUNDS * (args.steps + 1)
                 counters = {k: (after[k] - before[k]) / calls for k in
                             ("cycles", "coordinator_rounds", "mpi_calls", "in_cycle_reductions")}
                 rows.append({"path": path, "P": size, "N": n, "E": e,
-                             "ms": {m: statistics.median(v) for m, v in times.items()}, **counters})
+                             "ms": {m: statistics.median(v) for m, v in times.items()},
+                             "cpu_ms": {m: statistics.median(v) for m, v in cpu.items()}, **counters})
                 if rank == 0:
                     print(f"# P={size} {path} N={n} E={e}: " +
                           " ".join(f"{m}={v:.2f}" for m, v in rows[-1]["ms"].items()), flush=True)
@@ -228,13 +237,18 @@ def summarize(results: dict) -> str:
                 key = (r["path"], r["P"], r["N"], r["E"])
                 cells.setdefault(key, {}).setdefault(cache, []).append(r)
     head = ("| path | P | N | E | mpi4py ms | mpi4jax ms | floor ms | off ms | on ms | on/off | "
-            "on/mpi4py | on/mpi4jax | cycles off/on | coord. rounds off/on | data MPI calls on | in-cycle on |")
+            "on/mpi4py | on/mpi4jax | cycles off/on | coord. rounds off/on | data MPI calls on | in-cycle on | "
+            "CPU ms off/on/floor |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for key in sorted(cells):
         c = cells[key]
 
         def med(cache: str, method: str) -> float | None:
             vals = [r["ms"][method] for r in c.get(cache, []) if method in r["ms"]]
+            return statistics.median(vals) if vals else None
+
+        def cpu(cache: str, method: str) -> float | None:
+            vals = [r["cpu_ms"][method] for r in c.get(cache, []) if method in r.get("cpu_ms", {})]
             return statistics.median(vals) if vals else None
 
         def counter(cache: str, name: str) -> float | None:
@@ -258,7 +272,8 @@ def summarize(results: dict) -> str:
             f"{fmt(statistics.median(on_m4j) if on_m4j else None)} | "
             f"{fmt(counter('off', 'cycles'), 0)}/{fmt(counter('on', 'cycles'), 0)} | "
             f"{fmt(counter('off', 'coordinator_rounds'), 0)}/{fmt(counter('on', 'coordinator_rounds'), 0)} | "
-            f"{fmt(counter('on', 'mpi_calls'), 0)} | {fmt(counter('on', 'in_cycle_reductions'), 0)} |")
+            f"{fmt(counter('on', 'mpi_calls'), 0)} | {fmt(counter('on', 'in_cycle_reductions'), 0)} | "
+            f"{fmt(cpu('off', 'jaxcache'), 1)}/{fmt(cpu('on', 'jaxcache'), 1)}/{fmt(cpu('on', 'floor'), 1)} |")
     return "\n".join(lines)
 
 
