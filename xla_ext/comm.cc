@@ -110,6 +110,7 @@ void Comm::AbortUnanswered(const char* what, double waited) {
 }
 
 void AbortJob(MPI_Comm comm, int code) {
+  ExitAbortsOnThisThread();  // MPI_Abort calls exit() on this thread
   MPI_Abort(comm, code);
   std::abort();  // this MPICH's MPI_Abort can return
 }

@@ -2,7 +2,9 @@
 
 #include <pthread.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 
 namespace jaxcache {
@@ -60,6 +62,20 @@ std::size_t TensorSpec::RowBytes() const {
 }
 
 void NameThisThread(const char* name) { pthread_setname_np(pthread_self(), name); }
+
+namespace {
+thread_local bool exit_aborts = false;
+void AbortOnExitFromMarkedThread() {
+  if (exit_aborts) std::abort();
+}
+}  // namespace
+
+void ExitAbortsOnThisThread() {
+  // Registered once the static objects exist, so it runs before their destructors.
+  static std::once_flag registered;
+  std::call_once(registered, [] { std::atexit(AbortOnExitFromMarkedThread); });
+  exit_aborts = true;
+}
 
 std::string RankList(const std::vector<int>& ranks) {
   std::string s = ranks.size() == 1 ? "rank " : "ranks ";

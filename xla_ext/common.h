@@ -45,6 +45,13 @@ int64_t ScatterRows(int64_t rows, int size, int rank);
 std::string RankList(const std::vector<int>& ranks);
 // Names the calling thread as `top -H`, gdb and perf show it (at most 15 characters).
 void NameThisThread(const char* name);
+// Marks this thread as one that the runtime's objects join: exit() called on it
+// (MPICH's MPI_Abort, or MPICH ending the process inside an MPI call) then ends
+// the process by SIGABRT. The static destructors would join this very thread,
+// and std::terminate would print a second report that reads as a crash; a death
+// by a signal is also what makes Hydra's proxy kill the other ranks at once (the
+// multihost link-fault test hangs when such a process exits normally).
+void ExitAbortsOnThisThread();
 bool IsComplex(DType dtype);
 bool IsInteger(DType dtype);  // bool counts as an integer
 

@@ -33,6 +33,7 @@ void Completion::Run(const Status& status) {
 
 CompletionQueue::CompletionQueue() : thread_([this] {
   NameThisThread("jaxcache-done");
+  ExitAbortsOnThisThread();
   Loop();
 }) {}
 

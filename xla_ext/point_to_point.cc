@@ -86,6 +86,7 @@ std::string P2POp::Describe() const {
 PointToPoint::PointToPoint(const Config& config, CompletionQueue& completions)
     : config_(config), completions_(completions), thread_([this] {
         NameThisThread("jaxcache-p2p");
+        ExitAbortsOnThisThread();
         Loop();
       }) {}
 

@@ -81,6 +81,7 @@ void Runtime::Start(MPI_Comm comm, const Config& config) {
   std::shared_ptr<Runtime> rt(new Runtime(comm, config));
   rt->thread_ = std::thread([raw = rt.get()] {
     NameThisThread("jaxcache-cycle");
+    ExitAbortsOnThisThread();
     raw->Loop();
   });
   current = std::move(rt);
@@ -115,10 +116,9 @@ std::string Runtime::StartTimeline(const std::string& path, bool mark_cycles) {
 void Runtime::StopTimeline() { timeline_.Close(); }
 
 Runtime::~Runtime() {
-  // (When MPI_Abort exits the process from the loop thread, this join of itself
-  // throws, and the terminate that follows is what ends the process at once; a
-  // gentler teardown here waits on peers that are gone: the multihost link-fault
-  // test then hangs.)
+  // (When MPI_Abort exits the process from the loop thread, AbortJob's exit
+  // handler aborts it before static destructors run, so this never joins its
+  // own thread; a gentler teardown here would wait on peers that are gone.)
   if (thread_.joinable()) thread_.join();
 }
 

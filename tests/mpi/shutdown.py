@@ -4,9 +4,9 @@
   exit      - every rank exits with async-dispatched collectives in flight
   kill      - the last rank SIGKILLs itself in the middle of a training loop, after printing
               the wall-clock time of the kill (the driver measures from it)
-  kill-transfer - the same, from a timer thread while a 64 MB allreduce's pieces are moving
-              between the ranks (pairwise on up to 4 ranks), so the others are left in the
-              data phase, not in the negotiation
+  kill-transfer - the same, from a thread, 3 ms after a 64 MB allreduce's data call started
+              on this rank (its pieces are moving between the ranks, pairwise on up to 4
+              ranks), so the others are left in the data phase, not in the negotiation
 """
 
 import os
@@ -67,19 +67,20 @@ elif mode == "kill":
 elif mode == "kill-transfer":
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     step = jax.jit(lambda t: jc.allreduce(t, "average", name="big"))
-    x = jnp.ones(1 << 24)  # 64 MB: 16 pieces of 4 MiB
-    jax.block_until_ready(step(x))
-    started = time.perf_counter()
-    for _ in range(5):
+    x = jnp.ones(1 << 24)  # 64 MB: 16 pieces of 4 MiB, 10-40 ms a step here
+    for _ in range(3):
         x = jax.block_until_ready(step(x))
-    per_step = (time.perf_counter() - started) / 5
 
-    def die():
+    def die_mid_transfer(calls_before: int) -> None:
+        # The data call is counted as it starts: 3 ms later its pieces are moving.
+        while jc.stats()["mpi_calls"] == calls_before:
+            time.sleep(0.0002)
+        time.sleep(0.003)
         print(f"rank {rank}: killing myself at {time.time():.3f}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    if rank == size - 1:  # half-way through the next step: its pieces are moving
-        threading.Timer(per_step / 2, die).start()
+    if rank == size - 1:
+        threading.Thread(target=die_mid_transfer, args=(jc.stats()["mpi_calls"],), daemon=True).start()
     for _ in range(100000):
         x = jax.block_until_ready(step(x))
     raise AssertionError("training loop survived a dead rank")
