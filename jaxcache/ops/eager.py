@@ -36,8 +36,9 @@ def aligned_empty(shape: tuple, dtype) -> np.ndarray:
 @functools.lru_cache(maxsize=None)
 def _placement(device) -> tuple:
     """(sharding, devices, committed) of a result adopted onto `device` (None: the default
-    device, uncommitted, as jax.device_put(x) places it)."""
-    target = device if device is not None else jax.devices()[0]
+    device, uncommitted, as jax.device_put(x) places it: this process's first, also under
+    jax.distributed, where jax.devices()[0] is process 0's)."""
+    target = device if device is not None else jax.local_devices()[0]
     return jax.sharding.SingleDeviceSharding(target), [target], device is not None
 
 
