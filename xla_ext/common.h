@@ -110,11 +110,15 @@ struct Signature {
   bool static_shapes = false;
   // alltoall: rows this rank sends to each rank (empty: equal blocks).
   std::vector<int64_t> splits;
+  // The devices of this process taking part (device_parts.h): `tensors` holds
+  // each device's operands in turn, in device-position order.
+  int32_t devices = 1;
   std::vector<TensorSpec> tensors;
   bool operator==(const Signature& o) const {
     return kind == o.kind && op == o.op && prescale == o.prescale &&
            postscale == o.postscale && root == o.root && device == o.device &&
-           static_shapes == o.static_shapes && splits == o.splits && tensors == o.tensors;
+           static_shapes == o.static_shapes && splits == o.splits && devices == o.devices &&
+           tensors == o.tensors;
   }
   bool operator!=(const Signature& o) const { return !(*this == o); }
   std::size_t NumBytes() const;

@@ -89,7 +89,7 @@ struct Config {
   X(cache_evictions) X(cache_invalidations) X(responses_executed) X(fused_responses)           \
   X(bytes_reduced) X(mpi_calls) X(stall_warnings) X(cancellations) X(in_cycle_reductions)      \
   X(completed_inline) X(completion_wakeups) X(p2p_messages) X(p2p_completed_inline)            \
-  X(transfer_sleeps) X(burst_holds)
+  X(transfer_sleeps) X(burst_holds) X(device_requests) X(device_parts)
 #define JAXCACHE_STAT_SECONDS(X) X(negotiation_seconds) X(execution_seconds)
 
 struct Stats {

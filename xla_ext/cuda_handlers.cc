@@ -59,22 +59,16 @@ ffi::Error CudaFailure(const std::string& name, const std::string& what) {
                     ffi::ErrorCode::kInternal);
 }
 
-ffi::Error RunStaged(cudaStream_t stream, const CollectiveCall& call, const CallSite& site,
-                     ffi::RemainingArgs args, ffi::RemainingRets rets) {
-  PreparedRequest prepared = PrepareRequest(call, site, Device::kCuda, args, rets);
-  if (!prepared.request) return ToFfiError(prepared.status, ffi::ErrorCode::kFailedPrecondition);
-  Request& req = *prepared.request;
-  const std::string name = req.name;
-
-  // Reductions and broadcasts work in place, so one region serves as operand
-  // and result; any other collective gets a separate result region.
-  const bool in_place = CollectiveOf(call.kind).InPlace();
-  std::vector<Region> regions(req.inputs.size());
+// Where each tensor's operand and result go in one staging block: reductions
+// and broadcasts work in place, so one region serves as operand and result;
+// any other collective gets a separate result region. Returns the block's size.
+std::size_t Layout(const Submission& s, bool in_place, std::vector<Region>& regions) {
+  regions.resize(s.inputs.size());
   std::size_t total = 0;
   for (std::size_t i = 0; i < regions.size(); ++i) {
     Region& r = regions[i];
-    r.in_bytes = args.get<ffi::AnyBuffer>(i)->size_bytes();
-    r.out_bytes = (*rets.get<ffi::AnyBuffer>(i))->size_bytes();
+    r.in_bytes = s.sig.tensors[i].NumBytes();
+    r.out_bytes = s.output_bytes[i];
     r.in_offset = total;
     total += Aligned(r.in_bytes);
     if (in_place) {
@@ -84,51 +78,81 @@ ffi::Error RunStaged(cudaStream_t stream, const CollectiveCall& call, const Call
       total += Aligned(r.out_bytes);
     }
   }
+  return total;
+}
 
-  std::string error;
-  StagingLease staging;
-  if (!staging.Acquire(total, stream, &error)) return CudaFailure(name, error);
+// Copies the operands into `staging` and points the submission at host memory;
+// returns the device result addresses, or sets `error`.
+std::vector<void*> StageIn(cudaStream_t stream, Submission& s, const std::vector<Region>& regions,
+                           StagingLease& staging, std::string* error) {
   char* host = staging.data();
   cudaError_t err;
   for (std::size_t i = 0; i < regions.size(); ++i) {
     if (regions[i].in_bytes == 0) continue;
-    err = cudaMemcpyAsync(host + regions[i].in_offset, req.inputs[i], regions[i].in_bytes,
+    err = cudaMemcpyAsync(host + regions[i].in_offset, s.inputs[i], regions[i].in_bytes,
                           cudaMemcpyDeviceToHost, stream);
-    if (err != cudaSuccess) return CudaFailure(name, CudaErrorText("cudaMemcpyAsync", err));
+    if (err != cudaSuccess) return *error = CudaErrorText("cudaMemcpyAsync", err), std::vector<void*>{};
   }
   // Waits for the operands (and whatever produced them on XLA's stream).
   if ((err = cudaEventRecord(staging.event(), stream)) != cudaSuccess ||
       (err = cudaEventSynchronize(staging.event())) != cudaSuccess)
-    return CudaFailure(name, CudaErrorText("waiting for the device-to-host copy", err));
-
-  std::vector<void*> device_outputs = req.outputs;
+    return *error = CudaErrorText("waiting for the device-to-host copy", err), std::vector<void*>{};
+  std::vector<void*> device_outputs = s.outputs;
   for (std::size_t i = 0; i < regions.size(); ++i) {
-    req.inputs[i] = host + regions[i].in_offset;
-    req.outputs[i] = host + regions[i].out_offset;
+    s.inputs[i] = host + regions[i].in_offset;
+    s.outputs[i] = host + regions[i].out_offset;
+  }
+  return device_outputs;
+}
+
+// Enqueues the results' host-to-device copies on XLA's stream.
+bool StageOut(cudaStream_t stream, const std::vector<void*>& device_outputs, const std::vector<Region>& regions,
+              StagingLease& staging, std::string* error) {
+  for (std::size_t i = 0; i < regions.size(); ++i) {
+    if (regions[i].out_bytes == 0) continue;
+    cudaError_t err = cudaMemcpyAsync(device_outputs[i], staging.data() + regions[i].out_offset,
+                                      regions[i].out_bytes, cudaMemcpyHostToDevice, stream);
+    if (err != cudaSuccess) return *error = CudaErrorText("cudaMemcpyAsync", err), false;
+  }
+  // The block stays out of the pool until these copies have run.
+  return staging.Release(error);
+}
+
+ffi::Error RunStaged(cudaStream_t stream, const CallSite& site, int64_t run, int32_t ordinal,
+                     ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  DescribedCall described = Describe(site.call, site, Device::kCuda, args, rets);
+  // A device of a program over several takes part even when it cannot: the
+  // other devices' parts would wait for it.
+  if (!described.status.ok() && site.devices.empty())
+    return ToFfiError(described.status, ffi::ErrorCode::kFailedPrecondition);
+  Submission& s = described.submission;
+  const std::string name = s.name;
+  std::vector<Region> regions;
+  std::vector<void*> device_outputs;
+  StagingLease staging;
+  std::string error;
+  if (described.status.ok()) {
+    const std::size_t total = Layout(s, CollectiveOf(site.call.kind).InPlace(), regions);
+    if (staging.Acquire(total, stream, &error)) device_outputs = StageIn(stream, s, regions, staging, &error);
+    if (!error.empty()) {
+      if (site.devices.empty()) return CudaFailure(name, error);
+      described.status = Status::Error(ErrorKind::kInternal, "jaxcache: CUDA staging of '" + name + "' failed: " + error);
+    }
   }
   Waiter waiter;
   // Cheap: it only wakes this thread, so the runtime may run it directly.
-  req.done = Completion([&waiter](const Status& st) { waiter.Finish(st); }, /*cheap=*/true);
-  const bool drive = req.sig.NumBytes() <= kInlineBytes;  // this thread waits anyway
-  prepared.runtime->Submit(std::move(prepared.request), drive);
+  Dispatch(site, run, ordinal, std::move(described),
+           Completion([&waiter](const Status& st) { waiter.Finish(st); }, /*cheap=*/true));
   Status status = waiter.Wait();
   if (!status.ok()) return ToFfiError(status, ffi::ErrorCode::kAborted);
-
-  for (std::size_t i = 0; i < regions.size(); ++i) {
-    if (regions[i].out_bytes == 0) continue;
-    err = cudaMemcpyAsync(device_outputs[i], host + regions[i].out_offset, regions[i].out_bytes,
-                          cudaMemcpyHostToDevice, stream);
-    if (err != cudaSuccess) return CudaFailure(name, CudaErrorText("cudaMemcpyAsync", err));
-  }
-  // The block stays out of the pool until these copies have run.
-  if (!staging.Release(&error)) return CudaFailure(name, error);
+  if (!StageOut(stream, device_outputs, regions, staging, &error)) return CudaFailure(name, error);
   return ffi::Error::Success();
 }
 
 // As on the CPU (ffi_handlers.cc): the execute stage of every kind's target.
-ffi::Error CollectiveImpl(cudaStream_t stream, CudaCallSite* site, ffi::RemainingArgs args,
-                          ffi::RemainingRets rets) {
-  return RunStaged(stream, site->call, *site, args, rets);
+ffi::Error CollectiveImpl(cudaStream_t stream, CudaCallSite* site, ffi::RunId run, int32_t ordinal,
+                          ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  return RunStaged(stream, *site, run.run_id, ordinal, args, rets);
 }
 
 ffi::Error RankImpl(cudaStream_t stream, ffi::Result<ffi::Buffer<ffi::S32>> out,
@@ -168,7 +192,7 @@ void* CudaCallSiteTypeInfo() { return &cuda_call_site_type_info; }
 
 #define JAXCACHE_CUDA_BIND \
   ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>().Ctx<ffi::State<CudaCallSite>>() \
-      .RemainingArgs().RemainingRets()
+      .Ctx<ffi::RunId>().Ctx<ffi::DeviceOrdinal>().RemainingArgs().RemainingRets()
 
 #define JAXCACHE_DEFINE_CUDA_TARGET(E, name, target)                                             \
   JAXCACHE_IF_XLA(target,                                                                        \

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common.h"
 #include "request.h"
@@ -43,6 +44,11 @@ struct CollectiveCall {
 struct CallSite {
   std::string name;
   CollectiveCall call;
+  // The program's devices of this process, by ordinal, in device-position
+  // order; empty for a program on one device (device_parts.h).
+  std::vector<int32_t> devices;
+  // The position of the device with XLA's `ordinal`, or -1.
+  int PositionOf(int32_t ordinal) const;
 };
 
 // The state type XLA sees is one per platform: jaxlib and each PJRT plugin
@@ -64,19 +70,31 @@ std::string InstanceName(std::string_view name, int64_t program);
 template <typename Site, Kind kKind>
 xla::ffi::ErrorOr<std::unique_ptr<Site>> Instantiate(std::string_view name, int64_t program, int64_t world_size,
                                                      int64_t process_set, int64_t op, double prescale,
-                                                     double postscale, int64_t root) {
+                                                     double postscale, int64_t root,
+                                                     xla::ffi::Span<const int64_t> devices) {
   auto site = std::make_unique<Site>();
   site->name = InstanceName(name, program);
   site->call = {.kind = kKind, .world_size = world_size, .process_set = process_set, .op = op, .prescale = prescale,
                 .postscale = postscale, .root = root};
+  if (devices.size() > 1) site->devices.assign(devices.begin(), devices.end());
   return site;
 }
 
-// One execution checked against the running runtime (MakeRequest): its
-// request over XLA's buffers (host or device addresses, as `device` says; the
-// caller decides what the runtime gets to touch), or, when `request` is null, why not.
-PreparedRequest PrepareRequest(const CollectiveCall& call, const CallSite& site, Device device,
-                               xla::ffi::RemainingArgs args, xla::ffi::RemainingRets rets);
+// What one execution submits, over XLA's buffers (host or device addresses, as
+// `device` says; the caller decides what the runtime gets to touch), or, when
+// `status` is not ok, why it cannot.
+struct DescribedCall {
+  Submission submission;
+  Status status;
+};
+DescribedCall Describe(const CollectiveCall& call, const CallSite& site, Device device,
+                       xla::ffi::RemainingArgs args, xla::ffi::RemainingRets rets);
+
+// Hands one execution to the runtime: on a one-device program as its own
+// request; on several devices as this device's part of the request of every
+// device's execution of `run` (device_parts.h). `done` runs once, with the
+// outcome (also when the call cannot be submitted at all).
+void Dispatch(const CallSite& site, int64_t run, int32_t ordinal, DescribedCall call, Completion done);
 
 // jaxcache's dtype for XLA's, if it has one.
 std::optional<DType> FromXla(xla::ffi::DataType t);
@@ -103,7 +121,8 @@ xla::ffi::ErrorOr<int32_t> RunningRank(int64_t process_set);
       .Attr<int64_t>("op")                  \
       .Attr<double>("prescale")             \
       .Attr<double>("postscale")            \
-      .Attr<int64_t>("root")
+      .Attr<int64_t>("root")                \
+      .Attr<xla::ffi::Span<const int64_t>>("devices")
 
 // One instantiate stage and one handler per kind with an XLA target
 // (collectives/kinds.h): <Kind>Instantiate, <Kind>Handler.

@@ -11,6 +11,9 @@ Response MessageTable::Decide(const std::string& name, uint64_t seq,
   auto decide = [&]() -> Status {
     JAXCACHE_RETURN_IF_ERROR(c.Same("kind", [](const Signature& s) { return std::string(KindName(s.kind)); }));
     JAXCACHE_RETURN_IF_ERROR(c.Same("device", [](const Signature& s) { return std::string(DeviceName(s.device)); }));
+    JAXCACHE_RETURN_IF_ERROR(c.Same("devices per process", [](const Signature& s) {
+      return std::to_string(s.devices);
+    }));
     JAXCACHE_RETURN_IF_ERROR(c.Same("number of tensors", [](const Signature& s) {
       return std::to_string(s.tensors.size());
     }));

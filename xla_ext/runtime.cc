@@ -1,5 +1,7 @@
 #include "runtime.h"
 
+#include "device_parts.h"
+
 #include <sched.h>
 
 #include <cerrno>
@@ -245,6 +247,11 @@ std::string Runtime::Stop(double timeout_s) {
   // but may still be inside an MPI call on their buffers: only a dead job ends so.
   rt->p2p_.Stop(closed);
   for (auto& set : rt->Sets()) set->table().Close(closed);
+  // Devices' executions still waiting for the rest of their program's devices
+  // cannot complete now; and no program's continuation may still run on a
+  // device thread while the process goes on to exit.
+  for (DevicePart& p : DeviceRendezvous::Get().TakeAll()) p.done.Run(closed);
+  DeviceThreads::Get().Drain(std::chrono::seconds(10));
   if (!done) {
     // The runtime object is leaked on purpose: its thread still uses it.
     rt->thread_.detach();

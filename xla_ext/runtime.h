@@ -76,6 +76,8 @@ class Runtime {
   void StopTimeline();
 
   const Comm& comm() const { return global_->comm(); }
+  // The settings every rank runs with (rank 0's).
+  const Config& config() const { return config_; }
   // Sends and receives (point_to_point.h).
   PointToPoint& p2p() { return p2p_; }
   bool running() const { return !global_->table().closed(); }

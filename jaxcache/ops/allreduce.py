@@ -26,7 +26,7 @@ import jax
 from jax.extend.core import Primitive
 
 from .. import process_sets
-from . import call, eager, lowering, naming, validation
+from . import call, eager, lowering, naming, sharded, validation
 from ..protocol import Kind
 
 allreduce_p = Primitive("jaxcache_allreduce")
@@ -34,7 +34,7 @@ allreduce_p.multiple_results = True
 
 
 def _abstract_eval(*avals, **params):
-    return [jax.core.ShapedArray(a.shape, a.dtype) for a in avals]
+    return [lowering.result_aval(a) for a in avals]
 
 
 IN_PLACE_BYTES = 64 * 1024
@@ -93,7 +93,7 @@ def reduce_values(values: list, op: str, name: str, prescale: float, postscale: 
     # result), keeps half-precision sums away from overflow, and counts joined ranks out.
     params = dict(name=name, auto_name=auto_name, op=op, prescale=prescale, postscale=postscale,
                   world_size=ps.size, process_set=ps.id)
-    if not any(isinstance(v, jax.core.Tracer) for v in values):
+    if sharded.direct(values):
         # Eager: straight to the runtime, skipping JAX's primitive dispatch.
         return _impl(*values, **params)
     return list(allreduce_p.bind(*values, **params))

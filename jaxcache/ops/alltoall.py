@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax.extend.core import Primitive
 
-from . import call, eager, lowering, naming, validation
+from . import call, eager, lowering, naming, sharded, validation
 from ..protocol import Kind
 
 alltoall_p = Primitive("jaxcache_alltoall")
@@ -39,7 +39,7 @@ def _check_static(shape: tuple, world_size: int, name: str) -> None:
 def _abstract_eval(*avals, name, world_size, **params):
     for a in avals:
         _check_static(a.shape, world_size, name)
-    return [jax.core.ShapedArray(a.shape, a.dtype) for a in avals]
+    return [lowering.result_aval(a) for a in avals]
 
 
 def _lowering(ctx, *args, **params):
@@ -81,10 +81,11 @@ def alltoall(x, *, name: str | None = None, splits=None, process_set=None, comm=
     validation.check_first_dim(x, "alltoall", "x")
     size = ps.size
     name, auto = naming.collective_name("alltoall", name)
-    if isinstance(x, jax.core.Tracer):
+    if not sharded.direct([x]):
         if splits is not None:
-            raise ValueError("jaxcache.alltoall: under jit (or grad/vmap) blocks are equal and "
-                             "static; splits must be None (call alltoall eagerly for uneven splits)")
+            raise ValueError("jaxcache.alltoall: under jit (or grad/vmap), and for arrays on "
+                             "several devices, blocks are equal and static; splits must be None "
+                             "(call alltoall eagerly on a one-device array for uneven splits)")
         return alltoall_p.bind(x, name=name, auto_name=auto, world_size=size, process_set=ps.id)[0]
     counts = [] if splits is None else validation.check_splits(splits, "alltoall")
     (out,), received = eager.run_allocated(Kind.ALLTOALL, name, [x], size, counts,

@@ -8,7 +8,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad
 
 from .. import process_sets
-from . import call, eager, lowering, naming, validation
+from . import call, eager, lowering, naming, sharded, validation
 from .allreduce import sum_values
 from .rank import traced_rank
 from ..protocol import Kind
@@ -18,7 +18,7 @@ broadcast_p.multiple_results = True
 
 
 def _abstract_eval(*avals, **params):
-    return [jax.core.ShapedArray(a.shape, a.dtype) for a in avals]
+    return [lowering.result_aval(a) for a in avals]
 
 
 def _lowering(ctx, *args, name, auto_name, root, world_size, process_set):
@@ -61,8 +61,8 @@ def broadcast(tree, root: int = 0, *, name: str | None = None, process_set=None,
         return tree
     name, auto = naming.collective_name("broadcast", name)
     params = dict(name=name, auto_name=auto, root=root, world_size=ps.size, process_set=ps.id)
-    if any(isinstance(v, jax.core.Tracer) for v in values):
-        out = broadcast_p.bind(*values, **params)
-    else:
+    if sharded.direct(values):
         out = _impl(*values, **params)
+    else:
+        out = broadcast_p.bind(*values, **params)
     return jax.tree_util.tree_unflatten(treedef, out)

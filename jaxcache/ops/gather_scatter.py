@@ -14,7 +14,7 @@ from jax.interpreters import ad
 
 from .. import process_sets, runtime
 from .._ext import ext
-from . import eager, lowering, naming, validation
+from . import eager, lowering, naming, sharded, validation
 from ..protocol import Kind
 
 allgather_p = Primitive("jaxcache_allgather")
@@ -27,7 +27,7 @@ def _gathered_shape(shape: tuple, size: int) -> tuple:
 
 
 def _gather_abstract_eval(*avals, world_size, **params):
-    return [jax.core.ShapedArray(_gathered_shape(a.shape, world_size), a.dtype) for a in avals]
+    return [lowering.result_aval(a, _gathered_shape(a.shape, world_size)) for a in avals]
 
 
 def _gather_lowering(ctx, *args, **params):
@@ -63,7 +63,7 @@ def _gather_batch(args, dims, **params):
 
 def gather_values(values: list, name: str, auto_name: bool, ps: process_sets.Resolved) -> list:
     """Gathers already-validated arrays as ONE request (eagerly: first dimensions may differ)."""
-    if any(isinstance(v, jax.core.Tracer) for v in values):
+    if not sharded.direct(values):
         return list(allgather_p.bind(*values, name=name, auto_name=auto_name, world_size=ps.size,
                                      process_set=ps.id))
     outs, _ = eager.run_allocated(Kind.ALLGATHER, name, values, ps.size, process_set=ps.id)
@@ -85,7 +85,8 @@ def _static_rows(shape: tuple, world_size: int, name: str) -> int:
                          "dimension to split")
     if shape[0] % world_size:
         raise ValueError(
-            f"jaxcache.reducescatter: under jit the first dimension must be divisible by the "
+            f"jaxcache.reducescatter: under jit (and for arrays on several devices) the first "
+            f"dimension must be divisible by the "
             f"number of ranks so that every rank's result has the same shape; '{name}' has shape "
             f"{tuple(shape)} on {world_size} ranks (reduce eagerly for an uneven split, or pad)"
         )
@@ -93,7 +94,7 @@ def _static_rows(shape: tuple, world_size: int, name: str) -> int:
 
 
 def _scatter_abstract_eval(*avals, name, world_size, **params):
-    return [jax.core.ShapedArray((_static_rows(a.shape, world_size, name), *a.shape[1:]), a.dtype)
+    return [lowering.result_aval(a, (_static_rows(a.shape, world_size, name), *a.shape[1:]))
             for a in avals]
 
 
@@ -131,7 +132,7 @@ def scatter_values(values: list, op: str, name: str, prescale: float, postscale:
     """Reduce-scatters already-validated arrays as ONE request."""
     params = dict(name=name, auto_name=auto_name, op=op, prescale=prescale, postscale=postscale,
                   world_size=ps.size, process_set=ps.id)
-    if not any(isinstance(v, jax.core.Tracer) for v in values):
+    if sharded.direct(values):
         # Eager: straight to the runtime; the first dimension may split unevenly.
         return _scatter_run(values, name, op, prescale, postscale, ps.size, ps.id, ps.rank)
     return list(reducescatter_p.bind(*values, **params))

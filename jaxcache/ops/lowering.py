@@ -22,13 +22,17 @@ from jax.interpreters import ad, batching, mlir
 
 from .._ext import ensure_registered
 from ..protocol import REDUCE_OPS
-from . import naming
+from . import naming, partitioned, placement, sharded
 
 PLATFORMS = ("cpu", "cuda")
 
 
-def register(primitive, rule, *, cacheable: bool = True) -> None:
-    """Registers `rule` as the lowering of `primitive` on every platform in PLATFORMS."""
+def register(primitive, rule, *, cacheable: bool = True, partitionable: bool = True) -> None:
+    """Registers `rule` as the lowering of `primitive` on every platform in PLATFORMS.
+
+    In a jitted function of arrays sharded over several devices, a `partitionable`
+    collective is lowered as a call XLA partitions shard by shard (partitioned.py); any
+    other runs on every device as it is (a barrier: no operands to shard)."""
 
     def checked(ctx, *args, **params):
         platforms = ctx.platforms or ctx.module_context.platforms
@@ -38,8 +42,11 @@ def register(primitive, rule, *, cacheable: bool = True) -> None:
                 f"jaxcache: {primitive.name} cannot be lowered for {', '.join(unsupported)}; "
                 f"jaxcache's collectives exist for {', '.join(PLATFORMS)}"
             )
+        if partitionable and args and placement.auto_partitioned(ctx):
+            return partitioned.lower(primitive, ctx, args, params)
         return rule(ctx, *args, **params)
 
+    placement.require_devices_when_lowering(primitive)
     mlir.register_lowering(primitive, checked, cacheable=cacheable)
 
 
@@ -53,10 +60,21 @@ def ffi_call(ctx, target: str, args, *, name: str, auto_name: bool, world_size: 
     `aliases`: operand -> result buffers XLA may share (in place); `side_effect`: XLA keeps
     the call although nothing uses its results (a barrier has none)."""
     ensure_registered()
+    devices = placement.ordinals(ctx, f"'{name}' ({target.removeprefix('jaxcache_')})")
     rule = jax.ffi.ffi_lowering(target, operand_output_aliases=aliases or None, has_side_effect=side_effect)
     return rule(ctx, *args, **naming.lowered(ctx, name, auto_name), world_size=np.int64(world_size),
                 process_set=np.int64(process_set), op=np.int64(REDUCE_OPS[op]),
-                prescale=np.float64(prescale), postscale=np.float64(postscale), root=np.int64(root))
+                prescale=np.float64(prescale), postscale=np.float64(postscale), root=np.int64(root),
+                devices=devices)
+
+
+def result_aval(operand, shape: tuple | None = None):
+    """The abstract value of a collective's result: `operand`'s dtype and `shape` (default
+    its own). Inside shard_map it varies over the mesh axes its operand varies over: a
+    collective pairs devices by position, so devices' results differ where their operands
+    do (marked invariant, jax would fold a later psum of them into a multiplication)."""
+    aval = jax.core.ShapedArray(operand.shape, operand.dtype) if not hasattr(operand, "update") else operand
+    return aval.update(shape=tuple(operand.shape if shape is None else shape), weak_type=False)
 
 
 def donated_argument(value) -> bool:
@@ -94,6 +112,8 @@ def define_collective(primitive, *, impl: Callable, abstract_eval: Callable, low
     with `differentiable_ops`, only those ops (the `op` parameter) are differentiable.
     `transpose`: registered when given."""
     def concrete_impl(*args, **params):
+        if placement.on_several_devices(args):
+            return sharded.run(primitive, args, params)
         # Autodiff evaluates rules eagerly on Python scalars too (the cotangent 1.0 of grad).
         return impl(*(a if isinstance(a, jax.Array) else jax.numpy.asarray(a) for a in args), **params)
 

@@ -30,7 +30,7 @@ from jax.interpreters import ad, batching, mlir
 
 from .._ext import ensure_registered, ext
 from ..errors import raise_for_status
-from . import call, naming, validation
+from . import call, naming, placement, validation
 
 try:  # jax >= 0.11
     from jax.ffi import abstract_token
@@ -104,6 +104,11 @@ def _lower(ctx, operands, target: str, **attrs):
         raise NotImplementedError(
             f"jaxcache: {target.removeprefix('jaxcache_')} exists on CPU only for now (lowering for "
             f"{', '.join(platforms)}); use jaxcache's collectives on GPU")
+    if placement.device_count(ctx) > 1:
+        raise NotImplementedError(
+            f"jaxcache: {target.removeprefix('jaxcache_')} ('{attrs['name']}') is in a program over "
+            f"{placement.device_count(ctx)} devices of this process; point-to-point operations run "
+            "in programs on one device (a collective pairs devices by position: docs/devices.md)")
     ensure_registered()
     avals_in = [ctx.avals_in[i] for i, _ in operands]
     sub = ctx.replace(avals_in=(*avals_in, abstract_token), avals_out=(*ctx.avals_out, abstract_token))

@@ -14,7 +14,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad
 
 from .. import process_sets
-from . import call, eager, lowering, naming, validation
+from . import call, eager, lowering, naming, sharded, validation
 from .broadcast import broadcast_p
 from .rank import traced_rank
 from ..protocol import Kind
@@ -24,7 +24,7 @@ reduce_p.multiple_results = True
 
 
 def _abstract_eval(*avals, **params):
-    return [jax.core.ShapedArray(a.shape, a.dtype) for a in avals]
+    return [lowering.result_aval(a) for a in avals]
 
 
 def _lowering(ctx, *args, name, auto_name, op, prescale, postscale, root, world_size, process_set):
@@ -72,6 +72,6 @@ def reduce(x, op: str = "sum", root: int = 0, *, name: str | None = None, presca
     name, auto = naming.collective_name("reduce", name)
     params = dict(name=name, auto_name=auto, op=op, prescale=float(prescale), postscale=float(postscale),
                   root=root, world_size=ps.size, process_set=ps.id)
-    if isinstance(x, jax.core.Tracer):
+    if not sharded.direct([x]):
         return reduce_p.bind(x, **params)[0]
     return _impl(x, **params)[0]

@@ -17,7 +17,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad
 
 from .. import process_sets
-from . import call, eager, lowering, naming, validation
+from . import call, eager, lowering, naming, sharded, validation
 from .rank import traced_rank
 from ..protocol import Kind
 
@@ -41,11 +41,11 @@ def _scattered_shape(shape: tuple, root: int, rank: int, name: str) -> tuple:
 
 
 def _gather_abstract_eval(*avals, name, root, rank, world_size, **params):
-    return [jax.core.ShapedArray(_gathered_shape(a.shape, root, rank, world_size), a.dtype) for a in avals]
+    return [lowering.result_aval(a, _gathered_shape(a.shape, root, rank, world_size)) for a in avals]
 
 
 def _scatter_abstract_eval(*avals, name, root, rank, world_size, **params):
-    return [jax.core.ShapedArray(_scattered_shape(a.shape, root, rank, name), a.dtype) for a in avals]
+    return [lowering.result_aval(a, _scattered_shape(a.shape, root, rank, name)) for a in avals]
 
 
 def _lower(target: str):
@@ -116,7 +116,7 @@ def _rooted(primitive, fn: str, x, root: int, name, process_set, comm):
     x = validation.as_array(x, fn, "x")
     name, auto = naming.collective_name(fn, name)
     params = dict(name=name, auto_name=auto, root=root, rank=ps.rank, world_size=ps.size, process_set=ps.id)
-    if isinstance(x, jax.core.Tracer):
+    if not sharded.direct([x]):
         return primitive.bind(x, **params)[0]
     return primitive.impl(x, **params)[0]
 

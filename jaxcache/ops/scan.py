@@ -12,7 +12,7 @@ import jax
 from jax.extend.core import Primitive
 from jax.interpreters import ad
 
-from . import call, eager, lowering, naming, validation
+from . import call, eager, lowering, naming, sharded, validation
 from .allreduce import sum_values
 from ..protocol import Kind
 
@@ -23,7 +23,7 @@ OPS = ("sum", "min", "max", "prod")  # a prefix has no one size to average over
 
 
 def _abstract_eval(*avals, **params):
-    return [jax.core.ShapedArray(a.shape, a.dtype) for a in avals]
+    return [lowering.result_aval(a) for a in avals]
 
 
 def _lowering(ctx, *args, name, auto_name, op, prescale, postscale, world_size, process_set):
@@ -71,6 +71,6 @@ def scan(x, op: str = "sum", *, name: str | None = None, prescale: float = 1.0,
     name, auto = naming.collective_name("scan", name)
     params = dict(name=name, auto_name=auto, op=op, prescale=float(prescale), postscale=float(postscale),
                   world_size=ps.size, process_set=ps.id)
-    if isinstance(x, jax.core.Tracer):
+    if not sharded.direct([x]):
         return scan_p.bind(x, **params)[0]
     return _impl(x, **params)[0]

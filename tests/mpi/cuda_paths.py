@@ -25,13 +25,16 @@ jc.init()
 rank, size = jc.rank(), jc.size()
 
 CALL = re.compile(r"stablehlo\.custom_call @(\w+)\((.*?)\) \{(.*)\} : \((.*?)\) -> (.*)$")
-ENTRY = re.compile(r'(\w+) = ("(?:[^"\\]|\\.)*"|[^,]+?)(?:,|$)')
+ENTRY = re.compile(r'(\w+) = ("(?:[^"\\]|\\.)*"|dense<[^>]*>[^,]*|[^,]+?)(?:,|$)')
 
 
 def _value(text: str):
     text = text.strip()
     if text.startswith('"'):
         return text[1:-1]
+    if text.startswith("dense<"):  # an array attribute: dense<> or dense<[0, 1]> (: tensor<...>)
+        inner = text[len("dense<"):text.index(">")].strip("[] ")
+        return [int(v) for v in inner.split(",")] if inner else []
     number = text.split(":")[0].strip()
     return float(number) if any(c in number for c in ".e") else int(number)
 

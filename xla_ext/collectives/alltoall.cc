@@ -15,13 +15,34 @@ std::string Join(const std::vector<int64_t>& v) {
   return s + "]";
 }
 
+// One tensor, or one per device of a program over several devices: those
+// are the same shape and split into equal blocks (the rows agreed for the
+// first serve them all).
+Status OneTensorPerDevice(const Checker& c) {
+  const Signature& first = c.first();
+  if (first.tensors.size() != static_cast<std::size_t>(first.devices))
+    return c.Error(ErrorKind::kInvalidArgument, "alltoall takes exactly one tensor");
+  if (first.devices == 1) return Status::Ok();
+  Status bad;
+  c.ForEachRank([&](int r, const Signature& s) {
+    if (!bad.ok()) return;
+    if (!s.splits.empty())
+      bad = c.Error(ErrorKind::kInvalidArgument, "splits are for one device per process (rank " +
+                                                     std::to_string(r) + " passed them on " +
+                                                     std::to_string(s.devices) + " devices)");
+    for (const TensorSpec& t : s.tensors)
+      if (!(t == s.tensors.front()))
+        bad = c.Error(ErrorKind::kMismatch, "rank " + std::to_string(r) + "'s devices pass different shapes");
+  });
+  return bad;
+}
+
 class Alltoall final : public RowMovement {
  public:
   Alltoall() : RowMovement({.agreed_sizes = true, .mpi_phase = "MPI_ALLTOALL"}) {}
   // Agreement: rows[s * size + d] = rows rank s sends to rank d.
   Status Decide(const Checker& c, Agreement* agreement) const override {
-    if (c.first().tensors.size() != 1)
-      return c.Error(ErrorKind::kInvalidArgument, "alltoall takes exactly one tensor");
+    JAXCACHE_RETURN_IF_ERROR(OneTensorPerDevice(c));
     JAXCACHE_RETURN_IF_ERROR(c.NotScalars());
     JAXCACHE_RETURN_IF_ERROR(c.Tensors(true));
     const int size = c.size();

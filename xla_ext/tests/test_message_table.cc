@@ -173,6 +173,38 @@ TEST(MessageTable, AlltoallRejectsBadSplits) {
                  "is a scalar"));
 }
 
+// One tensor per device of a program over several devices of each process.
+Signature OnDevices(Signature s, int devices) {
+  const TensorSpec t = s.tensors.front();
+  s.devices = devices;
+  s.tensors.assign(devices, t);
+  return s;
+}
+
+TEST(MessageTable, DeviceCountMismatchNamesRanksAndCounts) {
+  const Response resp = DecideAll({OnDevices(Allreduce(), 4), OnDevices(Allreduce(), 2)});
+  CHECK(resp.status.kind == ErrorKind::kMismatch);
+  CHECK(Contains(resp.status.message, "devices per process"));
+  CHECK(Contains(resp.status.message, "rank 0: 4; rank 1: 2"));
+  CHECK(DecideAll({OnDevices(Allreduce(), 2), OnDevices(Allreduce(), 2)}).status.ok());
+}
+
+TEST(MessageTable, AlltoallTakesOneTensorPerDevice) {
+  const Signature two = OnDevices(Sig(Kind::kAlltoall, DType::kFloat32, {4, 2}), 2);
+  Response resp = DecideAll({two, two});
+  CHECK(resp.status.ok());
+  CHECK(resp.agreement && resp.agreement->rows == (std::vector<int64_t>{2, 2, 2, 2}));
+  Signature uneven = two;
+  uneven.tensors[1].shape = {6, 2};
+  CHECK(Contains(DecideAll({uneven, uneven}).status.message, "devices pass different shapes"));
+  Signature split = two;
+  split.splits = {1, 3};
+  CHECK(Contains(DecideAll({split, split}).status.message, "splits are for one device per process"));
+  Signature extra = two;
+  extra.tensors.push_back(extra.tensors.front());  // two tensors on one of two devices
+  CHECK(Contains(DecideAll({extra, extra}).status.message, "exactly one tensor"));
+}
+
 TEST(MessageTable, ReducescatterOfScalarIsInvalid) {
   const Signature scalar = Sig(Kind::kReducescatter, DType::kFloat32, {});
   const Response resp = DecideAll({scalar, scalar});

@@ -25,6 +25,7 @@ Signature EveryField() {
   s.device = Device::kCuda;
   s.static_shapes = true;
   s.splits = {1, 0, 7};
+  s.devices = 3;
   s.tensors = {{DType::kBFloat16, {8, 2, 3}}, {DType::kComplex128, {}}, {DType::kUInt64, {0}}};
   return s;
 }
@@ -130,6 +131,7 @@ Writer HeaderWithoutTensors(uint8_t kind, uint8_t op, uint8_t device) {
   w.U8(device);
   w.U8(0);
   w.U32(0);  // no splits
+  w.I32(1);  // one device
   return w;
 }
 }  // namespace
@@ -166,4 +168,15 @@ TEST(WireFormat, CodesOutOfRangeAreRefused) {
   ok.U8(0);
   Reader r(ok.buffer().data(), ok.buffer().size());
   CHECK_EQ(r.Sig().tensors.size(), 1u);
+}
+
+TEST(WireFormat, DeviceCountBelowOneIsRefused) {
+  for (int32_t devices : {0, -4}) {
+    Writer w;
+    Signature s;
+    s.devices = devices;
+    w.Sig(s);
+    Reader r(w.buffer().data(), w.buffer().size());
+    CHECK_THROWS(r.Sig());
+  }
 }
