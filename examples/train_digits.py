@@ -13,6 +13,13 @@ accuracy. The data set ships with scikit-learn: nothing is downloaded.
 --check-single retrains the same model in this process, without jaxcache, on
 the full global batches and checks that the parameters match the data-parallel
 ones (what data-parallel training promises).
+
+--local-devices N gives every rank N CPU devices (XLA's
+--xla_force_host_platform_device_count, the stand-in for a node's GPUs): the step
+is a `shard_map` over them, each device takes its part of the rank's shard, and
+the gradients are averaged over every device of every rank with
+`allreduce_gradients(axis_name=...)` (hierarchically: across the rank's devices
+by XLA, across ranks by jaxcache; docs/devices.md).
 """
 
 from __future__ import annotations
@@ -24,6 +31,21 @@ import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # jaxcache's collectives are CPU custom calls
 
+
+def _local_devices(argv) -> int:
+    """--local-devices N, read before jax starts (its CPU device count is fixed then)."""
+    for i, a in enumerate(argv):
+        if a == "--local-devices" and i + 1 < len(argv):
+            return int(argv[i + 1])
+        if a.startswith("--local-devices="):
+            return int(a.split("=", 1)[1])
+    return 1
+
+
+if _local_devices(sys.argv[1:]) > 1:
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count="
+                               f"{_local_devices(sys.argv[1:])}").strip()
+
 import numpy as np  # noqa: E402
 
 import jax  # noqa: E402
@@ -31,10 +53,12 @@ import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
 import jaxcache  # noqa: E402
+from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
 from jaxcache.optax import allreduce_gradients  # noqa: E402
 
 HIDDEN = (128, 64)
 CLASSES = 10
+DEVICES = "devices"  # the local mesh axis (--local-devices)
 
 
 def load_data(seed: int):
@@ -91,6 +115,26 @@ def make_step(tx, distributed: bool):
     return step
 
 
+def make_device_step(tx, mesh):
+    """The jitted step over this rank's devices: each device takes its part of the rank's
+    shard; the loss is the mean over the rank's devices (lax.pmean, so jax's backward pass
+    sums the gradients of the replicated parameters over them), and `tx` (allreduce_gradients
+    with axis_name=DEVICES) averages over every device of every rank."""
+
+    def device_loss(params, x, y):
+        return jax.lax.pmean(loss_fn(params, x, y), DEVICES)
+
+    def step(params, opt_state, x, y):
+        loss, grads = jax.value_and_grad(device_loss)(params, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        loss = jaxcache.allreduce(loss, op="average", name="train_loss", axis_name=DEVICES)
+        return params, opt_state, loss
+
+    return jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P(), P(DEVICES), P(DEVICES)),
+                                 out_specs=(P(), P(), P())))
+
+
 def batches(n_train: int, batch: int, epoch: int, seed: int):
     """Index arrays of each global batch of an epoch (same order on every rank)."""
     order = np.random.default_rng([seed, epoch]).permutation(n_train)
@@ -140,6 +184,8 @@ def parse_args(argv=None):
                    help="also train without jaxcache on the full global batches and check the "
                         "parameters match")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
+    p.add_argument("--local-devices", type=int, default=1,
+                   help="CPU devices per rank; the step is data-parallel over all of them")
     return p.parse_args(argv)
 
 
@@ -150,22 +196,31 @@ def main(argv=None) -> int:
     is_root = rank == 0
 
     x_train, x_test, y_train, y_test = load_data(args.seed)
-    per_rank = args.batch_size // size
+    devices = max(args.local_devices, 1)
+    if len(jax.local_devices()) < devices:
+        raise SystemExit(f"--local-devices {devices}: this process has {len(jax.local_devices())} devices")
+    per_rank = args.batch_size // (size * devices) * devices
     if per_rank < 1:
-        raise SystemExit(f"--batch-size {args.batch_size} is smaller than the number of ranks ({size})")
+        raise SystemExit(f"--batch-size {args.batch_size} is smaller than the number of devices "
+                         f"({size} ranks x {devices})")
     global_batch = per_rank * size
     if is_root and global_batch != args.batch_size:
-        print(f"note: global batch {args.batch_size} -> {global_batch} (a multiple of {size} ranks)",
-              flush=True)
+        print(f"note: global batch {args.batch_size} -> {global_batch} (a multiple of {size} ranks x "
+              f"{devices} devices)", flush=True)
 
     # Ranks would start from different random weights: rank 0's win.
     params = init_params(jax.random.PRNGKey(args.seed + rank), x_train.shape[1])
     params = jaxcache.broadcast(params, root=0, name="initial_params")
     initial = params
 
-    tx = optax.chain(allreduce_gradients(), optax.adam(args.lr))
+    if devices > 1:
+        mesh = Mesh(np.array(jax.local_devices()[:devices]), (DEVICES,))
+        tx = optax.chain(allreduce_gradients(axis_name=DEVICES), optax.adam(args.lr))
+        step = make_device_step(tx, mesh)
+    else:
+        tx = optax.chain(allreduce_gradients(), optax.adam(args.lr))
+        step = make_step(tx, distributed=True)
     opt_state = tx.init(params)
-    step = make_step(tx, distributed=True)
 
     steps_per_epoch = len(x_train) // global_batch
     total_steps = steps_per_epoch * args.epochs
@@ -202,7 +257,8 @@ def main(argv=None) -> int:
 
     acc = accuracy(params, x_test, y_test)
     if is_root:
-        print(f"trained {done} steps of {global_batch} samples on {size} rank(s) in {elapsed:.1f} s "
+        where = f"{size} rank(s)" + (f" x {devices} devices" if devices > 1 else "")
+        print(f"trained {done} steps of {global_batch} samples on {where} in {elapsed:.1f} s "
               f"({done * global_batch / elapsed:,.0f} samples/s); final loss {float(loss):.4f}",
               flush=True)
         print(f"test accuracy: {acc:.4f}", flush=True)

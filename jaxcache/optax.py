@@ -26,7 +26,7 @@ from .ops.validation import check_op
 
 __all__ = ["allreduce_gradients"]
 
-_GROUPING_KEYS = ("name", "num_groups", "group_bytes", "groups", "prescale", "postscale")
+_GROUPING_KEYS = ("name", "num_groups", "group_bytes", "groups", "prescale", "postscale", "axis_name")
 
 
 def allreduce_gradients(op: str = "average", **grouping) -> _optax.GradientTransformation:
@@ -34,9 +34,10 @@ def allreduce_gradients(op: str = "average", **grouping) -> _optax.GradientTrans
 
     The updates are reduced with `jaxcache.grouped_allreduce(updates, op, **grouping)`:
     `grouping` takes its keyword arguments `name`, `num_groups`, `group_bytes`,
-    `groups`, `prescale` and `postscale` (default: groups of at most
-    JAXCACHE_FUSION_THRESHOLD bytes, names derived from the call site). The
-    transformation keeps no state (`optax.EmptyState`).
+    `groups`, `prescale`, `postscale` and `axis_name` (default: groups of at most
+    JAXCACHE_FUSION_THRESHOLD bytes, names derived from the call site). With
+    `axis_name` (a step inside shard_map over local devices), the average is over
+    every rank's devices. The transformation keeps no state (`optax.EmptyState`).
     """
     op = check_op(op, "optax.allreduce_gradients")
     unknown = sorted(set(grouping) - set(_GROUPING_KEYS))

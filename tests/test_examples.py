@@ -42,6 +42,15 @@ def test_digits_check_single_on_3_ranks():
     assert "global batch 120" not in out  # 120 splits evenly over 3 ranks
 
 
+@pytest.mark.parametrize("np_", [2, 3], ids=["np2", "np3"])
+def test_digits_on_two_devices_per_rank(np_):
+    """--local-devices 2: data-parallel over every device of every rank (axis_name), equal to
+    single-process training on the full global batches."""
+    out = run_mpi(str(EXAMPLE), np_, "--epochs", "2", "--local-devices", "2", "--check-single", timeout=240).stdout
+    assert f"on {np_} rank(s) x 2 devices" in out, out[-3000:]
+    assert re.search(r"check-single: .*: OK\s*$", out, re.M), out[-3000:]
+
+
 def test_digits_without_mpirun():
     """A plain `python train.py` is a job of one rank."""
     proc = subprocess.run([sys.executable, str(EXAMPLE), "--epochs", "1", "--max-steps", "5"],

@@ -26,7 +26,7 @@ import jax
 from jax.extend.core import Primitive
 
 from .. import process_sets
-from . import call, eager, lowering, naming, sharded, validation
+from . import call, eager, hierarchical, lowering, naming, sharded, validation
 from ..protocol import Kind
 
 allreduce_p = Primitive("jaxcache_allreduce")
@@ -99,8 +99,19 @@ def reduce_values(values: list, op: str, name: str, prescale: float, postscale: 
     return list(allreduce_p.bind(*values, **params))
 
 
+def reduce_over_devices(values: list, op: str, axis_name, name: str, prescale: float, postscale: float,
+                        auto_name: bool, ps: process_sets.Resolved, fn: str) -> list:
+    """Reduces traced values over the named local axes and every process (hierarchical.py)."""
+    axis_name = hierarchical.check_axis_name(axis_name, fn)
+
+    def across(pieces, across_op, post):
+        return reduce_values(pieces, across_op, name, prescale, postscale * post, auto_name, ps)
+
+    return hierarchical.allreduce(values, op, axis_name, ps.size, across, scale=prescale * postscale)
+
+
 def allreduce(x, op: str = "average", *, name: str | None = None, prescale: float = 1.0,
-              postscale: float = 1.0, process_set=None, comm=None):
+              postscale: float = 1.0, process_set=None, comm=None, axis_name=None):
     """Reduces `x` across all ranks (of `process_set`): op is "sum", "average", "min",
     "max" or "prod".
 
@@ -109,10 +120,17 @@ def allreduce(x, op: str = "average", *, name: str | None = None, prescale: floa
     by the ranks that have not).
     Works eagerly and under jit/grad/vmap. `name` matches the call across ranks;
     by default it is derived from the call site.
+
+    `axis_name` (inside shard_map, vmap or pmap over local axes; a name or a tuple, as for
+    `lax.psum`): reduces over those axes AND over every rank, hierarchically: "average" is
+    then the mean over all ranks x devices (docs/devices.md).
     """
     ps = call.begin("allreduce", name, process_set, comm)
     op = validation.check_op(op, "allreduce")
     x = validation.as_array(x, "allreduce", "x")
     validation.check_reduction(x.dtype, op, prescale, postscale, "allreduce", "x")
     name, auto = naming.collective_name("allreduce", name)
+    if axis_name is not None:
+        return reduce_over_devices([x], op, axis_name, name, float(prescale), float(postscale), auto, ps,
+                                   "allreduce")[0]
     return reduce_values([x], op, name, float(prescale), float(postscale), auto, ps)[0]

@@ -18,7 +18,7 @@ so grad(lambda x: reducescatter(x, "sum").sum())(x) == ones_like(x) on every ran
 
 from __future__ import annotations
 
-from . import call, naming, validation
+from . import call, hierarchical, naming, validation
 from .gather_scatter import scatter_rows, scatter_values  # noqa: F401  (scatter_rows: the bridges')
 
 
@@ -29,7 +29,7 @@ def check_leaf(x, op: str, prescale, postscale, fn: str, what: str):
 
 
 def reducescatter(x, op: str = "average", *, name: str | None = None, prescale: float = 1.0,
-                  postscale: float = 1.0, process_set=None, comm=None):
+                  postscale: float = 1.0, process_set=None, comm=None, axis_name=None):
     """Reduces `x` across ranks; returns this rank's slice of the first dimension.
 
     op is "sum", "average", "min", "max" or "prod"; the result is
@@ -38,9 +38,21 @@ def reducescatter(x, op: str = "average", *, name: str | None = None, prescale: 
     dimension must be divisible by the number of ranks. Works eagerly and under
     jit/grad/vmap; the gradient of a sum is the allgather of the cotangents. With
     `process_set`, across its ranks, sliced in the set's rank order.
+
+    `axis_name` (inside shard_map, vmap or pmap over local axes): reduces over every device
+    of every rank, and device i of rank r gets block r * N + i of P x N equal blocks (rank-
+    major, as `lax.psum_scatter(..., tiled=True)` over a global mesh); reduced over the
+    devices first, then across ranks (docs/devices.md).
     """
     ps = call.begin("reducescatter", name, process_set, comm)
     op = validation.check_op(op, "reducescatter")
     x = check_leaf(x, op, prescale, postscale, "reducescatter", "x")
     name, auto = naming.collective_name("reducescatter", name)
+    if axis_name is not None:
+        axis_name = hierarchical.check_axis_name(axis_name, "reducescatter")
+
+        def across(blocks, across_op, post):
+            return scatter_values(blocks, across_op, name, float(prescale), float(postscale) * post, auto, ps)
+
+        return hierarchical.reducescatter([x], op, axis_name, ps.size, across)[0]
     return scatter_values([x], op, name, float(prescale), float(postscale), auto, ps)[0]
