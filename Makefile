@@ -44,8 +44,8 @@ test-horovod: install-test
 
 # The newest jax (0.12, which needs Python >= 3.12) in a venv of its own: jaxcache built
 # against its FFI headers, then the core multi-rank tests, the exactly-once tests of
-# transformations, async use and resizing, point-to-point (its ordered effect), and the CUDA
-# lowering tests.
+# transformations, async use and resizing, point-to-point (its ordered effect), the CUDA
+# lowering tests, and several devices per process (shard_map, sharded arrays, axis_name).
 JAX_LATEST ?= 0.12.0.1
 VENV_LATEST ?= .venv-jax012
 PYTHON312 ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12; do \
@@ -58,8 +58,8 @@ test-jax-latest:
 	PATH=$(abspath $(VENV_LATEST))/bin:$$PATH $(VENV_LATEST)/bin/python -m pip install --quiet \
 		--disable-pip-version-check --no-build-isolation --no-deps --force-reinstall .; \
 	$(VENV_LATEST)/bin/pytest -v -rs tests/test_core.py tests/test_exactly_once.py tests/test_cuda.py \
-		tests/test_jax_versions.py tests/test_point_to_point.py \
-		-k "not repeated and (test_core or transforms or async or resize or cuda or versions or point_to_point)"
+		tests/test_jax_versions.py tests/test_point_to_point.py tests/test_devices.py \
+		-k "not repeated and (test_core or transforms or async or resize or cuda or versions or point_to_point or devices)"
 
 # The GPU check (docs/gpu.md). On the GPU machine: make test-gpu (needs .whl/ from gpu-wheels).
 test-gpu:
