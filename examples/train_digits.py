@@ -172,6 +172,22 @@ def accuracy(params, x, y) -> float:
     return int(total) / len(x)
 
 
+def batch_split(batch_size: int, size: int, devices: int, is_root: bool) -> tuple[int, int]:
+    """(samples per rank, global batch): the global batch rounded down to a multiple of the
+    ranks x devices, so that every device gets as many samples."""
+    if len(jax.local_devices()) < devices:
+        raise SystemExit(f"--local-devices {devices}: this process has {len(jax.local_devices())} devices")
+    per_rank = batch_size // (size * devices) * devices
+    if per_rank < 1:
+        raise SystemExit(f"--batch-size {batch_size} is smaller than the number of devices "
+                         f"({size} ranks x {devices})")
+    global_batch = per_rank * size
+    if is_root and global_batch != batch_size:
+        note = f"{size} ranks" + (f" x {devices} devices" if devices > 1 else "")
+        print(f"note: global batch {batch_size} -> {global_batch} (a multiple of {note})", flush=True)
+    return per_rank, global_batch
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--epochs", type=int, default=25)
@@ -197,16 +213,7 @@ def main(argv=None) -> int:
 
     x_train, x_test, y_train, y_test = load_data(args.seed)
     devices = max(args.local_devices, 1)
-    if len(jax.local_devices()) < devices:
-        raise SystemExit(f"--local-devices {devices}: this process has {len(jax.local_devices())} devices")
-    per_rank = args.batch_size // (size * devices) * devices
-    if per_rank < 1:
-        raise SystemExit(f"--batch-size {args.batch_size} is smaller than the number of devices "
-                         f"({size} ranks x {devices})")
-    global_batch = per_rank * size
-    if is_root and global_batch != args.batch_size:
-        print(f"note: global batch {args.batch_size} -> {global_batch} (a multiple of {size} ranks x "
-              f"{devices} devices)", flush=True)
+    per_rank, global_batch = batch_split(args.batch_size, size, devices, is_root)
 
     # Ranks would start from different random weights: rank 0's win.
     params = init_params(jax.random.PRNGKey(args.seed + rank), x_train.shape[1])
