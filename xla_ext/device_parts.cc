@@ -1,5 +1,6 @@
 #include "device_parts.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <thread>
@@ -12,59 +13,34 @@ DeviceRendezvous& DeviceRendezvous::Get() {
   return *rendezvous;
 }
 
-namespace {
-
-// Where `part` goes in `set`: its own position when free, else the first free one.
-int PlaceOf(const std::vector<std::optional<DevicePart>>& parts, const DevicePart& part) {
-  const int n = static_cast<int>(parts.size());
-  if (part.position >= 0 && part.position < n && !parts[part.position]) return part.position;
-  for (int p = 0; p < n; ++p)
-    if (!parts[p]) return p;
-  return -1;
-}
-
-}  // namespace
-
 std::vector<DevicePart> DeviceRendezvous::Arrive(const void* site, int64_t run, int devices, DevicePart part,
                                                  StallLimits limits) {
   std::lock_guard<std::mutex> lock(mu_);
   auto key = std::make_pair(site, run);
   std::deque<Set>& queue = sets_[key];
+  const bool placed = part.position >= 0 && part.position < devices;
   // The oldest set still missing this position: a device's later execution of
-  // the same instruction (a loop) belongs to a later set.
-  Set* set = nullptr;
-  for (Set& s : queue)
-    if (part.position < 0 || part.position >= devices || !s.parts[part.position]) {
-      set = &s;
-      break;
-    }
-  if (!set) {
-    queue.emplace_back();
-    set = &queue.back();
+  // the same instruction (a loop) belongs to a later set. A part without a
+  // valid position fails the oldest set, in its first free place.
+  auto set = std::find_if(queue.begin(), queue.end(), [&](const Set& s) { return !placed || !s.parts[part.position]; });
+  if (set == queue.end()) {
+    set = queue.emplace(queue.end());
     set->parts.resize(devices);
     set->limits = limits;
     waiting_cv_.notify_all();
   }
-  if (part.position < 0 || part.position >= devices || set->parts[part.position]) {
-    if (part.status.ok())
-      part.status = Status::Error(ErrorKind::kInternal,
-                                  "jaxcache: '" + part.submission.name + "' ran on device position " +
-                                      std::to_string(part.position) + ", outside the program's " +
-                                      std::to_string(devices) + " devices");
-  }
-  const int place = PlaceOf(set->parts, part);
-  set->parts[place] = std::move(part);
+  if (!placed && part.status.ok())
+    part.status = Status::Error(ErrorKind::kInternal, "jaxcache: '" + part.submission.name + "' ran on device position " +
+                                                          std::to_string(part.position) + ", outside the program's " +
+                                                          std::to_string(devices) + " devices");
+  const auto free = std::find_if(set->parts.begin(), set->parts.end(), [](const auto& p) { return !p.has_value(); });
+  auto& place = placed ? set->parts[part.position] : *free;
+  place = std::move(part);
   if (++set->count < devices) return {};
   std::vector<DevicePart> complete;
   complete.reserve(devices);
   for (auto& p : set->parts) complete.push_back(std::move(*p));
-  // The completed set is the oldest holding this position; it may sit behind
-  // older sets that miss other positions, so find it by address.
-  for (auto it = queue.begin(); it != queue.end(); ++it)
-    if (&*it == set) {
-      queue.erase(it);
-      break;
-    }
+  queue.erase(set);
   if (queue.empty()) sets_.erase(key);
   return complete;
 }
