@@ -17,6 +17,13 @@ def test_devices(nranks, devices):
     assert f"devices (N={devices}, {programs} programs): OK on {nranks} ranks" in out
 
 
+def test_devices_beyond_pairwise_ranks():
+    # From 5 ranks the runtime reduces the devices' blocks across ranks with MPI in place
+    # instead of pairwise exchanges (Operations::BlockAllreduce).
+    out = run_mpi("devices.py", 5, "2", "4", timeout=300).stdout
+    assert "devices (N=2, 4 programs): OK on 5 ranks" in out
+
+
 @pytest.mark.parametrize("counts", [(4, 2), (2, 4, 4)], ids=["np2", "np3"])
 def test_device_count_mismatch_fails_on_every_rank(counts):
     cmd = [mpirun_path()]

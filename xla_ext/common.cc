@@ -114,6 +114,7 @@ void Writer::Sig(const Signature& s) {
   U32(static_cast<uint32_t>(s.splits.size()));
   for (int64_t v : s.splits) I64(v);
   I32(s.devices);
+  U8(s.over_devices ? 1 : 0);
   U32(static_cast<uint32_t>(s.tensors.size()));
   for (const auto& t : s.tensors) {
     U8(static_cast<uint8_t>(t.dtype));
@@ -160,6 +161,7 @@ Signature Reader::Sig() {
   for (auto& v : s.splits) v = I64();
   s.devices = I32();
   if (s.devices < 1) throw std::runtime_error("jaxcache: corrupt control message (device count)");
+  s.over_devices = U8() != 0;
   uint32_t n = U32();
   // Each tensor takes at least its dtype and rank bytes: a count beyond what is left is
   // a truncated message, refused before anything is allocated for it.

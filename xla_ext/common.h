@@ -113,12 +113,16 @@ struct Signature {
   // The devices of this process taking part (device_parts.h): `tensors` holds
   // each device's operands in turn, in device-position order.
   int32_t devices = 1;
+  // allreduce: also reduce over those devices, so that every device gets the
+  // reduction over every device of every process (Operations reduces the
+  // devices' tensors in host memory; axis_name= in jaxcache/ops/hierarchical.py).
+  bool over_devices = false;
   std::vector<TensorSpec> tensors;
   bool operator==(const Signature& o) const {
     return kind == o.kind && op == o.op && prescale == o.prescale &&
            postscale == o.postscale && root == o.root && device == o.device &&
            static_shapes == o.static_shapes && splits == o.splits && devices == o.devices &&
-           tensors == o.tensors;
+           over_devices == o.over_devices && tensors == o.tensors;
   }
   bool operator!=(const Signature& o) const { return !(*this == o); }
   std::size_t NumBytes() const;

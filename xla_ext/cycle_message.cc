@@ -45,7 +45,8 @@ std::size_t EntrySize(const char* msg, std::size_t at, std::size_t total) {
 
 void CycleMessage::Assign(uint32_t bit, const Signature& sig) {
   Release(bit);
-  if (sig.kind != Kind::kAllreduce || sig.tensors.empty()) return;
+  // A reduction over the devices needs Operations' local levels (operations.h).
+  if (sig.kind != Kind::kAllreduce || sig.tensors.empty() || sig.over_devices) return;
   Slot slot;
   slot.op = Reduction(sig.op);
   slot.requested = sig.op;

@@ -156,6 +156,7 @@ DescribedCall Describe(const CollectiveCall& call, const CallSite& site, Device 
   s.sig.postscale = call.postscale;
   s.sig.root = static_cast<int32_t>(call.root);
   s.sig.device = device;
+  s.sig.over_devices = call.over_devices;
   // XLA's result buffers are sized for equal shapes (blocks) on every rank.
   s.sig.static_shapes = CollectiveOf(call.kind).AgreedSizes();
   s.process_set = static_cast<int32_t>(call.process_set);

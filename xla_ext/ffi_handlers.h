@@ -33,6 +33,7 @@ struct CollectiveCall {
   double prescale = 1.0;
   double postscale = 1.0;
   int64_t root = 0;
+  bool over_devices = false;  // allreduce: Signature::over_devices
 };
 
 // Per-instruction state. JAX lowers a function called several times inside
@@ -71,11 +72,11 @@ template <typename Site, Kind kKind>
 xla::ffi::ErrorOr<std::unique_ptr<Site>> Instantiate(std::string_view name, int64_t program, int64_t world_size,
                                                      int64_t process_set, int64_t op, double prescale,
                                                      double postscale, int64_t root,
-                                                     xla::ffi::Span<const int64_t> devices) {
+                                                     xla::ffi::Span<const int64_t> devices, int64_t over_devices) {
   auto site = std::make_unique<Site>();
   site->name = InstanceName(name, program);
   site->call = {.kind = kKind, .world_size = world_size, .process_set = process_set, .op = op, .prescale = prescale,
-                .postscale = postscale, .root = root};
+                .postscale = postscale, .root = root, .over_devices = over_devices != 0};
   if (devices.size() > 1) site->devices.assign(devices.begin(), devices.end());
   return site;
 }
@@ -122,7 +123,8 @@ xla::ffi::ErrorOr<int32_t> RunningRank(int64_t process_set);
       .Attr<double>("prescale")             \
       .Attr<double>("postscale")            \
       .Attr<int64_t>("root")                \
-      .Attr<xla::ffi::Span<const int64_t>>("devices")
+      .Attr<xla::ffi::Span<const int64_t>>("devices")  \
+      .Attr<int64_t>("over_devices")
 
 // One instantiate stage and one handler per kind with an XLA target
 // (collectives/kinds.h): <Kind>Instantiate, <Kind>Handler.

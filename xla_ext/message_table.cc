@@ -14,6 +14,9 @@ Response MessageTable::Decide(const std::string& name, uint64_t seq,
     JAXCACHE_RETURN_IF_ERROR(c.Same("devices per process", [](const Signature& s) {
       return std::to_string(s.devices);
     }));
+    JAXCACHE_RETURN_IF_ERROR(c.Same("reduction over the devices (axis_name)", [](const Signature& s) {
+      return std::string(s.over_devices ? "yes" : "no");
+    }));
     JAXCACHE_RETURN_IF_ERROR(c.Same("number of tensors", [](const Signature& s) {
       return std::to_string(s.tensors.size());
     }));

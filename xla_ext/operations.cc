@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "collectives/collective.h"
+#include "device_reduction.h"
 #include "reduce_ops.h"
 
 namespace jaxcache {
@@ -99,6 +100,11 @@ Task<> Operations::Step(std::vector<Job>& jobs, std::vector<std::size_t> touched
 void Operations::Done(Job& t) {
   if (--t.remaining > 0) return;
   Dequeue(t);
+  if (ReducesOverDevices(*t.request)) {
+    timeline_.Begin(t.request->name, "LOCAL_GATHER");
+    GatherBlocks(*t.request);
+    timeline_.End(t.request->name, "LOCAL_GATHER");
+  }
   ++stats_.responses_executed;
   complete_(t.request, t.status);
 }
@@ -142,23 +148,20 @@ Task<> Operations::Allreduce(std::vector<Job>& jobs, const std::vector<std::size
   std::vector<Item> direct;
   for (std::size_t ti : which) {
     const Signature& sig = jobs[ti].request->sig;
-    for (std::size_t t = 0; t < sig.tensors.size(); ++t) {
-      const TensorSpec& spec = sig.tensors[t];
-      Item item{ti, t, spec.NumElements(), spec.NumBytes()};
+    for (const Item& item : ItemsOf(jobs, ti)) {
       if (item.count == 0) continue;
       stats_.bytes_reduced += item.bytes;
       // A tensor reduced in its own buffer (XLA aliased a donated operand with
       // its result) goes direct from a lower size: fusing it would add two copies.
-      const Request& req = *jobs[ti].request;
-      const bool in_place = req.inputs[t] == req.outputs[t];
+      const bool in_place = item.in == item.out;
       const int64_t threshold = in_place ? std::min(DirectThreshold(), kInPlaceDirectBytes) : DirectThreshold();
       if (static_cast<int64_t>(item.bytes) >= threshold) {
         ++jobs[ti].remaining;
         direct.push_back(item);
         continue;
       }
-      const Scaling scaling = ScalingFor(*jobs[ti].request, t);
-      FusionKey key{spec.dtype, sig.op, scaling.pre, scaling.post};
+      const Scaling scaling = ScalingFor(*jobs[ti].request, item.tensor);
+      FusionKey key{sig.tensors[item.tensor].dtype, sig.op, scaling.pre, scaling.post};
       auto& bucket = buckets[key];
       if (bucket.empty()) key_order.push_back(key);
       bucket.push_back(item);
@@ -210,6 +213,31 @@ Task<> Operations::Allreduce(std::vector<Job>& jobs, const std::vector<std::size
   }
 }
 
+std::vector<Operations::Item> Operations::ItemsOf(std::vector<Job>& jobs, std::size_t job) {
+  Request& r = *jobs[job].request;
+  std::vector<Item> items;
+  const bool blocks = ReducesOverDevices(r);
+  if (blocks) {
+    Dequeue(jobs[job]);
+    timeline_.Begin(r.name, "LOCAL_REDUCE");
+    ReduceBlocks(r);
+    timeline_.End(r.name, "LOCAL_REDUCE");
+  }
+  const std::size_t per = r.sig.tensors.size() / r.sig.devices;
+  for (std::size_t t = 0; t < r.sig.tensors.size(); ++t) {
+    const TensorSpec& spec = r.sig.tensors[t];
+    const std::size_t esize = ElementSize(spec.dtype);
+    if (!blocks) {
+      items.push_back({job, t, spec.NumElements(), spec.NumBytes(), r.inputs[t], r.outputs[t]});
+      continue;
+    }
+    const Block b = BlockOf(spec.NumElements(), r.sig.devices, static_cast<int>(t / per));
+    char* at = static_cast<char*>(r.outputs[t]) + b.first * esize;
+    items.push_back({job, t, b.count, b.count * esize, at, at, /*block=*/true});
+  }
+  return items;
+}
+
 Task<> Operations::FusedAllreduce(std::vector<Job>& jobs, const std::vector<Item>& items) {
   if (items.size() == 1) {  // nothing to fuse: reduce in place, no copies
     co_await DirectAllreduce(jobs[items[0].job], items[0]);
@@ -228,8 +256,7 @@ Task<> Operations::FusedAllreduce(std::vector<Job>& jobs, const std::vector<Item
   PhaseAll(jobs, items, "MEMCPY_IN_FUSION_BUFFER", true);
   std::size_t off = 0;
   for (const Item& it : items) {
-    const Request& r = *jobs[it.job].request;
-    CopyScaled(r.inputs[it.tensor], buf + off, it.count, dtype, scaling.pre);
+    CopyScaled(it.in, buf + off, it.count, dtype, scaling.pre);
     off += it.bytes;
   }
   PhaseAll(jobs, items, "MEMCPY_IN_FUSION_BUFFER", false);
@@ -248,8 +275,7 @@ Task<> Operations::FusedAllreduce(std::vector<Job>& jobs, const std::vector<Item
   PhaseAll(jobs, items, "MEMCPY_OUT_FUSION_BUFFER", true);
   off = 0;
   for (const Item& it : items) {
-    Request& r = *jobs[it.job].request;
-    CopyScaled(buf + off, r.outputs[it.tensor], it.count, dtype, scaling.post);
+    CopyScaled(buf + off, it.out, it.count, dtype, scaling.post);
     off += it.bytes;
   }
   PhaseAll(jobs, items, "MEMCPY_OUT_FUSION_BUFFER", false);
@@ -270,8 +296,29 @@ Task<> Operations::DirectAllreduce(Job& job, const Item& item) {
   Request& r = *job.request;
   Dequeue(job);
   timeline_.Begin(r.name, "MPI_ALLREDUCE");
-  co_await CollectiveOf(r.sig.kind).Execute(*this, r, item.tensor);
+  if (item.block) co_await BlockAllreduce(r, item);
+  else co_await CollectiveOf(r.sig.kind).Execute(*this, r, item.tensor);
   timeline_.End(r.name, "MPI_ALLREDUCE");
+}
+
+Task<> Operations::BlockAllreduce(Request& r, const Item& item) {
+  const DType dtype = r.sig.tensors[item.tensor].dtype;
+  const Scaling scaling = ScalingFor(r, item.tensor);
+  if (comm_.size() > 1 && comm_.size() <= kPairwiseRanks) {
+    co_await PairwiseAllreduce(*this, item.in, item.out, item.count, dtype, r.sig.op, scaling);
+    co_return;
+  }
+  // In place, chunk by chunk (as Allreduce::Execute), scaled while each chunk is in cache.
+  const std::size_t esize = ElementSize(dtype);
+  const int64_t step = comm_.ChunkCount(esize);
+  ++stats_.mpi_calls;
+  for (int64_t off = 0; off < item.count; off += step) {
+    const int n = static_cast<int>(std::min(step, item.count - off));
+    char* chunk = static_cast<char*>(item.out) + off * esize;
+    if (scaling.pre != 1.0) Scale(chunk, chunk, n, dtype, scaling.pre);
+    co_await comm_.AllreduceData(chunk, chunk, n, dtype, r.sig.op);
+    if (scaling.post != 1.0) Scale(chunk, chunk, n, dtype, scaling.post);
+  }
 }
 
 int64_t Operations::DirectThreshold() const {

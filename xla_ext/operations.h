@@ -57,15 +57,22 @@ class Operations {
     int remaining = 0;  // MPI calls (or fused chunks) still to run for it
     bool queued = true;  // timeline: still in its QUEUE phase
   };
-  struct Item {  // one tensor of one allreduce
+  struct Item {  // one tensor of one allreduce, or one device's block of one (device_reduction.h)
     std::size_t job;
     std::size_t tensor;
     int64_t count;
     std::size_t bytes;
+    const void* in;  // where its elements are read
+    void* out;       // where their reduction goes
+    bool block = false;  // reduced in place in the device's result, after ReduceBlocks
   };
+  // The items of one allreduce job: its tensors, or over the devices each device's block.
+  std::vector<Item> ItemsOf(std::vector<Job>& jobs, std::size_t job);
   Task<> Allreduce(std::vector<Job>& jobs, const std::vector<std::size_t>& which);
   Task<> FusedAllreduce(std::vector<Job>& jobs, const std::vector<Item>& items);
   Task<> DirectAllreduce(Job& job, const Item& item);
+  // A device's block reduced across the processes in its result buffer.
+  Task<> BlockAllreduce(Request& r, const Item& item);
   // Bytes from which an allreduce tensor is reduced on its own (JAXCACHE_DIRECT_THRESHOLD).
   int64_t DirectThreshold() const;
   // Runs one MPI step for the `touched` jobs; a failure (or an injected fault)

@@ -21,6 +21,22 @@ std::string WrongWorld(const std::string& name, int64_t prepared, int size, int3
          "again, e.g. after jax.clear_caches()";
 }
 
+// Why a reduction over the devices cannot run: only an allreduce reduces over
+// them, and every device's tensors must have the same shapes and dtypes.
+std::string OverDevicesError(const std::string& name, const Signature& sig) {
+  if (!sig.over_devices) return "";
+  if (sig.kind != Kind::kAllreduce)
+    return "jaxcache: '" + name + "': a " + KindName(sig.kind) + " cannot reduce over the devices (axis_name)";
+  const std::size_t per = sig.tensors.size() / sig.devices;
+  for (std::size_t t = per; t < sig.tensors.size(); ++t)
+    if (!(sig.tensors[t] == sig.tensors[t % per]))
+      return "jaxcache: '" + name + "' reduces over " + std::to_string(sig.devices) + " devices, but tensor " +
+             std::to_string(t % per) + " of device position " + std::to_string(t / per) + " (" +
+             sig.tensors[t].ShapeString() + ") differs from position 0's (" + sig.tensors[t % per].ShapeString() +
+             ") in shape or dtype";
+  return "";
+}
+
 }  // namespace
 
 std::string NotAMember(int32_t set, int rank) {
@@ -47,6 +63,8 @@ PreparedRequest MakeRequest(Submission s) {
   if (s.inputs.size() != n)
     return Failure(ErrorKind::kInvalidArgument, "jaxcache: '" + name + "' has " + std::to_string(n) +
                                                     " tensors but " + std::to_string(s.inputs.size()) + " inputs");
+  if (std::string why = OverDevicesError(name, s.sig); !why.empty())
+    return Failure(ErrorKind::kInvalidArgument, why);
   if (s.allocate_outputs) {
     if (!collective.AgreedSizes())
       return Failure(ErrorKind::kInvalidArgument,

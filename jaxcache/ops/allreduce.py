@@ -33,8 +33,9 @@ allreduce_p = Primitive("jaxcache_allreduce")
 allreduce_p.multiple_results = True
 
 
-def _abstract_eval(*avals, **params):
-    return [lowering.result_aval(a) for a in avals]
+def _abstract_eval(*avals, over_axes=(), **params):
+    # Reduced over the named axes' devices too, the result is the same on each (as lax.psum's).
+    return [lowering.invariant_over(lowering.result_aval(a), over_axes) for a in avals]
 
 
 IN_PLACE_BYTES = 64 * 1024
@@ -56,14 +57,19 @@ def _in_place(value, aval) -> bool:
     return aval.size * aval.dtype.itemsize >= IN_PLACE_BYTES and lowering.handed_over(value)
 
 
-def _lowering(ctx, *args, name, auto_name, op, prescale, postscale, world_size, process_set):
+def _lowering(ctx, *args, name, auto_name, op, prescale, postscale, world_size, process_set,
+              over_axes=(), over_count=0):
     aliases = {i: i for i, (v, aval) in enumerate(zip(args, ctx.avals_in)) if _in_place(v, aval)}
     return lowering.ffi_call(ctx, "jaxcache_allreduce", args, name=name, auto_name=auto_name,
                              world_size=world_size, process_set=process_set, aliases=aliases,
-                             op=op, prescale=prescale, postscale=postscale)
+                             op=op, prescale=prescale, postscale=postscale, over_devices=over_count)
 
 
-def _impl(*args, name, auto_name, op, prescale, postscale, world_size, process_set):
+def _impl(*args, name, auto_name, op, prescale, postscale, world_size, process_set,
+          over_axes=(), over_count=0):
+    if over_axes:  # only traced inside shard_map (hierarchical.py)
+        raise NotImplementedError(f"jaxcache: '{name}' reduces over axes {over_axes}, which exist "
+                                  "only inside shard_map")
     return eager.run(Kind.ALLREDUCE, name, args, [a.shape for a in args], world_size,
                      op=validation.REDUCE_OPS[op], prescale=prescale, postscale=postscale,
                      process_set=process_set)
@@ -107,7 +113,13 @@ def reduce_over_devices(values: list, op: str, axis_name, name: str, prescale: f
     def across(pieces, across_op, post):
         return reduce_values(pieces, across_op, name, prescale, postscale * post, auto_name, ps)
 
-    return hierarchical.allreduce(values, op, axis_name, ps.size, across, scale=prescale * postscale)
+    def runtime(vs, runtime_op, post, axes, count):
+        return list(allreduce_p.bind(*vs, name=name, auto_name=auto_name, op=runtime_op, prescale=prescale,
+                                     postscale=postscale * post, world_size=ps.size, process_set=ps.id,
+                                     over_axes=axes, over_count=count))
+
+    return hierarchical.allreduce(values, op, axis_name, ps.size, across, scale=prescale * postscale,
+                                  reduce_in_runtime=runtime)
 
 
 def allreduce(x, op: str = "average", *, name: str | None = None, prescale: float = 1.0,

@@ -4,12 +4,16 @@ Inside `shard_map` (or `vmap`, `pmap`) over local axes, a collective with `axis_
 over the named axes AND over every process, as `lax.psum` over a global mesh of all P x N
 devices would (device (p, i) at global position p * N + i: process-major).
 
-It runs hierarchically (Horovod's hierarchical allreduce): XLA reduce-scatters the value
-across the named local devices, the runtime reduces each device's 1/N across processes (the
-N devices' pieces in one request, xla_ext/device_parts.h), and XLA all-gathers the pieces
-across the devices. Each device's bytes that cross processes are 1/N of the value. Leaves of
-one dtype travel as one flat vector, so a pytree costs one local reduce-scatter, one request
-and one local all-gather per dtype. docs/devices.md.
+It runs hierarchically (Horovod's hierarchical allreduce): the value is reduce-scattered
+across the named local devices, each device's 1/N is reduced across processes (the N
+devices' pieces in one request, xla_ext/device_parts.h), and the pieces are all-gathered
+across the devices. Each device's bytes that cross processes are 1/N of the value.
+
+An allreduce over every axis of a CPU mesh leaves both local levels to the runtime, which
+reduces the devices' host buffers itself (_in_runtime; xla_ext/device_reduction.h).
+Otherwise XLA runs them (_allreduce): leaves of one dtype travel as one flat vector, so a
+pytree costs one local reduce-scatter, one request and one local all-gather per dtype.
+docs/devices.md.
 """
 
 from __future__ import annotations
@@ -191,19 +195,51 @@ def _allreduce(values: Sequence, op: str, axis_name, processes: int, reduce_acro
     return out
 
 
+def _in_runtime(values: Sequence, op: str, axis_name, processes: int, reduce_in_runtime: Callable) -> list:
+    """The runtime reduces over the devices and the processes at once: each device's 1/N
+    block over the N devices in host memory, across processes, then copied to the other
+    devices (xla_ext/device_reduction.h). Every leaf is its own tensor of one request: no
+    packing, no XLA collective."""
+    n = axis_size(axis_name)
+    across = _across_op(op, [v.dtype for v in values])
+    # An average over P x N devices: the runtime divides by P, the postscale by N.
+    out = reduce_in_runtime(list(values), across, 1.0 / n if across == "average" else 1.0, _names(axis_name), n)
+    if op == "average" and across == "sum":
+        out = [_divided(o, n * processes) for o in out]
+    return out
+
+
+def _whole_cpu_mesh(axis_name) -> bool:
+    """Whether the named axes are every axis of the enclosing shard_map's mesh, all of them
+    manual, on CPU: then the collective's program runs on exactly the devices it reduces
+    over, whose buffers are in host memory. (With GPUs, XLA's local collectives over their
+    links beat a trip through host memory; a subset of the axes needs XLA's groups.)"""
+    if jax.default_backend() != "cpu":
+        return False
+    mesh = jax.sharding.get_abstract_mesh()
+    names = set(_names(axis_name))
+    axes = set(getattr(mesh, "axis_names", ()))
+    return bool(axes) and names == axes == set(getattr(mesh, "manual_axes", ()))
+
+
 def allreduce(values: Sequence, op: str, axis_name, processes: int, reduce_across: Callable,
-              scale: float = 1.0) -> list:
+              scale: float = 1.0, reduce_in_runtime: Callable | None = None) -> list:
     """`values` reduced over the named devices and every process. `reduce_across(pieces,
     op, postscale)` reduces a list of per-device pieces across the processes as one request,
     multiplying the result by `postscale` (an average over P x N divides by P there and by
     N through the postscale); `scale` is what it multiplies by besides (prescale x postscale).
+    `reduce_in_runtime(values, op, postscale, axes, n)`: one request that the runtime reduces
+    over the n devices of `axes` too, used where they are the whole CPU mesh (_in_runtime).
 
     Differentiates as lax.psum over a global mesh of the P x N devices: each device's
     cotangent is the result's (times the scaling, / P x N for an average).
     """
     values = list(values)
+    runtime = reduce_in_runtime is not None and _whole_cpu_mesh(axis_name)
 
     def forward(vs):
+        if runtime:
+            return _in_runtime(vs, op, axis_name, processes, reduce_in_runtime)
         return _allreduce(vs, op, axis_name, processes, reduce_across)
 
     if op not in ("sum", "average"):

@@ -52,20 +52,29 @@ def register(primitive, rule, *, cacheable: bool = True, partitionable: bool = T
 
 def ffi_call(ctx, target: str, args, *, name: str, auto_name: bool, world_size: int,
              process_set: int, aliases: dict[int, int] | None = None, op: str = "sum",
-             prescale: float = 1.0, postscale: float = 1.0, root: int = 0, side_effect: bool = False):
+             prescale: float = 1.0, postscale: float = 1.0, root: int = 0, side_effect: bool = False,
+             over_devices: int = 0):
     """The custom call of one collective instance: its target, its name (naming.lowered),
     the set it runs in and the size it was traced for. Every target takes the same
     attributes (xla_ext/ffi_handlers.h); a collective ignores those it has no use for
     (`op` and the scales outside reductions, `root` outside rooted collectives).
     `aliases`: operand -> result buffers XLA may share (in place); `side_effect`: XLA keeps
-    the call although nothing uses its results (a barrier has none)."""
+    the call although nothing uses its results (a barrier has none); `over_devices`: an
+    allreduce that also reduces over the program's devices, which must be this many
+    (xla_ext/device_reduction.h)."""
     ensure_registered()
-    devices = placement.ordinals(ctx, f"'{name}' ({target.removeprefix('jaxcache_')})")
+    what = f"'{name}' ({target.removeprefix('jaxcache_')})"
+    devices = placement.ordinals(ctx, what)
+    if over_devices and max(1, len(devices)) != over_devices:
+        raise NotImplementedError(
+            f"jaxcache: {what} reduces over {over_devices} devices (its axis_name), but its program "
+            f"runs on {max(1, len(devices))}; give axis_name every axis of the shard_map's mesh, "
+            "or run shard_map over a mesh of those devices only")
     rule = jax.ffi.ffi_lowering(target, operand_output_aliases=aliases or None, has_side_effect=side_effect)
     return rule(ctx, *args, **naming.lowered(ctx, name, auto_name), world_size=np.int64(world_size),
                 process_set=np.int64(process_set), op=np.int64(REDUCE_OPS[op]),
                 prescale=np.float64(prescale), postscale=np.float64(postscale), root=np.int64(root),
-                devices=devices)
+                devices=devices, over_devices=np.int64(1 if over_devices else 0))
 
 
 def result_aval(operand, shape: tuple | None = None):
@@ -75,6 +84,15 @@ def result_aval(operand, shape: tuple | None = None):
     do (marked invariant, jax would fold a later psum of them into a multiplication)."""
     aval = jax.core.ShapedArray(operand.shape, operand.dtype) if not hasattr(operand, "update") else operand
     return aval.update(shape=tuple(operand.shape if shape is None else shape), weak_type=False)
+
+
+def invariant_over(aval, axes: tuple):
+    """`aval` typed as the same on every device of the mesh axes `axes` (shard_map's
+    check_vma), as lax.psum's result over them is."""
+    mat = getattr(aval, "manual_axis_type", None)
+    if not axes or mat is None or not any(a in mat.varying for a in axes):
+        return aval
+    return aval.update(manual_axis_type=mat.update(varying=frozenset(a for a in mat.varying if a not in axes)))
 
 
 def donated_argument(value) -> bool:

@@ -20,6 +20,7 @@ DEVICES = int(sys.argv[1])
 PROGRAMS = int(sys.argv[2]) if len(sys.argv) > 2 else 40
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
 
+import json  # noqa: E402
 import threading  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -290,6 +291,41 @@ def axis_transforms():
     same_on_all_ranks(per_device(steps, y), "axis scan")
 
 
+def axis_levels():
+    """Which levels run where: over every axis of the mesh the runtime reduces over the
+    devices itself (one custom call over the devices, no XLA collective in the program:
+    XLA's local reduce-scatter and all-gather cost more than the whole reduction on CPU);
+    over some of a 2-D mesh's axes XLA reduces over those, per position of the others."""
+    x = np.stack([data(rank, i, (40, 3), salt=19) for i in range(N)])
+    f = jax.jit(jax.shard_map(lambda v: jc.allreduce(v[0], "sum", axis_name="d", name="ax.levels")[None],
+                              mesh=MESH, in_specs=P("d"), out_specs=P("d")))
+    text = f.lower(x).as_text()
+    assert "over_devices = 1" in text, "axis_name over the whole mesh: not reduced by the runtime"
+    for xla_collective in ("reduce_scatter", "all_gather", "all_reduce"):
+        assert xla_collective not in text, f"axis_name over the whole mesh still runs XLA's {xla_collective}"
+    trace = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"jaxcache-levels-{os.getppid()}.json")
+    jc.start_timeline(trace)
+    check(f(x), np.stack([sum(data(r, i, (40, 3), salt=19) for r in range(size) for i in range(N))] * N),
+          "axis over the whole mesh")
+    jc.stop_timeline()
+    if rank == 0:  # the runtime's local levels, on the collective's track
+        with open(trace) as fh:
+            phases = [e["name"] for e in json.load(fh) if e.get("ph") == "B"]
+        os.unlink(trace)
+        assert "LOCAL_REDUCE" in phases and "LOCAL_GATHER" in phases, phases
+    # 2-D: rows "a" x columns "b"; axis_name="a" reduces each column over its rows and the ranks.
+    rows, cols = (2, N // 2)
+    mesh = Mesh(np.array(ORDER).reshape(rows, cols), ("a", "b"))
+    y = {r: np.stack([data(r, i, (5,), salt=20) for i in range(N)]).reshape(rows, cols, 5) for r in range(size)}
+    for axes, want in ((("a",), sum(y[r].sum(0, keepdims=True) for r in range(size)).repeat(rows, 0)),
+                       (("a", "b"), np.broadcast_to(sum(y[r].sum((0, 1)) for r in range(size)), (rows, cols, 5)))):
+        g = jax.jit(jax.shard_map(lambda v, axes=axes: jc.allreduce(v, "sum", axis_name=axes, name=f"ax.2d{len(axes)}"),
+                                  mesh=mesh, in_specs=P("a", "b"), out_specs=P("a", "b")))
+        text = g.lower(y[rank]).as_text()
+        assert ("over_devices = 1" in text) == (len(axes) == 2), f"axis_name={axes} on a 2-D mesh: {text[:2000]}"
+        check(g(y[rank]), want.astype(np.float32), f"axis_name={axes} on a 2-D mesh")
+
+
 def axis_errors():
     raises(NameError, "axis_name 'nope' is not an axis", lambda: per_device(
         lambda v: jc.allreduce(v, "sum", axis_name="nope", name="ax.bad"), np.zeros((N, 2), np.float32)))
@@ -404,6 +440,7 @@ axis_collectives()
 axis_bytes_once()
 axis_invariant_and_replicated_out()
 axis_transforms()
+axis_levels()
 axis_errors()
 many_programs()
 one_device_and_sharded_in_one_program()

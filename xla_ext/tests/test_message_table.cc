@@ -189,6 +189,16 @@ TEST(MessageTable, DeviceCountMismatchNamesRanksAndCounts) {
   CHECK(DecideAll({OnDevices(Allreduce(), 2), OnDevices(Allreduce(), 2)}).status.ok());
 }
 
+TEST(MessageTable, ReductionOverDevicesMustAgree) {
+  Signature over = OnDevices(Allreduce(), 2);
+  over.over_devices = true;
+  const Response resp = DecideAll({over, OnDevices(Allreduce(), 2)});
+  CHECK(resp.status.kind == ErrorKind::kMismatch);
+  CHECK(Contains(resp.status.message, "reduction over the devices (axis_name)"));
+  CHECK(Contains(resp.status.message, "rank 0: yes; rank 1: no"));
+  CHECK(DecideAll({over, over}).status.ok());
+}
+
 TEST(MessageTable, AlltoallTakesOneTensorPerDevice) {
   const Signature two = OnDevices(Sig(Kind::kAlltoall, DType::kFloat32, {4, 2}), 2);
   Response resp = DecideAll({two, two});

@@ -26,6 +26,7 @@ Signature EveryField() {
   s.static_shapes = true;
   s.splits = {1, 0, 7};
   s.devices = 3;
+  s.over_devices = true;
   s.tensors = {{DType::kBFloat16, {8, 2, 3}}, {DType::kComplex128, {}}, {DType::kUInt64, {0}}};
   return s;
 }
@@ -132,6 +133,7 @@ Writer HeaderWithoutTensors(uint8_t kind, uint8_t op, uint8_t device) {
   w.U8(0);
   w.U32(0);  // no splits
   w.I32(1);  // one device
+  w.U8(0);   // not reduced over the devices
   return w;
 }
 }  // namespace
