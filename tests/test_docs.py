@@ -1,4 +1,5 @@
-"""The README's table of environment variables is the settings the runtime reads, no more, no less."""
+"""The docs against the code: the README's table of environment variables is the settings the runtime
+reads, no more, no less; the timeline phases the runtime writes are all named."""
 
 import re
 from pathlib import Path
@@ -25,3 +26,27 @@ def test_horovod_variables_table_is_the_aliases_read():
         pairs |= set(zip(horovod, jaxcache))
     read = {(alias, config.VARIABLES[field]) for field, alias in config.HOROVOD_ALIASES.items()}
     assert pairs == read, f"docs/horovod.md: {sorted(pairs ^ read)}"
+
+
+def _timeline_phases() -> set[str]:
+    """The phases the runtime writes: each collective's `mpi_phase` and the phases it opens."""
+    phases = set()
+    for source in (README.parent / "xla_ext").rglob("*.cc"):
+        text = source.read_text()
+        phases |= set(re.findall(r'mpi_phase = "([A-Z_]+)"', text))
+        for call in re.findall(r"(?:Begin|PhaseAll)\([^;]*?\"([A-Z_]+)\"", text):
+            phases.add(call)
+    return phases
+
+
+def test_timeline_phases_are_documented():
+    """The README's timeline section and docs/design.md name every phase the runtime writes."""
+    phases = _timeline_phases()
+    assert {"NEGOTIATE", "MPI_ALLREDUCE", "LOCAL_REDUCE", "MPI_SCAN"} <= phases, phases  # the scan works
+    readme = README.read_text()
+    section = readme[readme.index("## Timeline"):]
+    section = section[:section.index("\n## ", 1)]
+    design = (README.parent / "docs" / "design.md").read_text()
+    for where, text in (("README.md (Timeline)", section), ("docs/design.md", design)):
+        missing = sorted(p for p in phases if f"`{p}`" not in text)
+        assert not missing, f"{where} does not name the timeline phases {missing}"
