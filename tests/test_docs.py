@@ -1,5 +1,5 @@
 """The docs against the code: the README's table of environment variables is the settings the runtime
-reads, no more, no less; the timeline phases the runtime writes are all named."""
+reads, no more, no less, with their defaults; the timeline phases the runtime writes are all named."""
 
 import re
 from pathlib import Path
@@ -14,6 +14,31 @@ def test_every_setting_is_documented_and_every_documented_one_exists():
     read = set(config.VARIABLES.values())
     assert read - documented == set(), f"settings missing from the README's table: {sorted(read - documented)}"
     assert documented - read == set(), f"README documents settings the runtime does not read: {sorted(documented - read)}"
+
+
+def _documented_default(cell: str, setting):
+    """The value a README default cell stands for, in the setting's own terms: a number or
+    flag in backticks, `off`/`on` for the variable's flag (an inverted flag's field is its
+    opposite), `unset` for an empty string."""
+    word = cell.split()[0]
+    if word == "unset":
+        return ""
+    if word in ("off", "on"):
+        value = word == "on"
+        return (not value) if setting.type == config.SettingType.INVERTED_FLAG else value
+    number = float(word.strip("`"))
+    if setting.type in (config.SettingType.FLAG, config.SettingType.INVERTED_FLAG):
+        return bool(number) != (setting.type == config.SettingType.INVERTED_FLAG)
+    return number
+
+
+def test_documented_defaults_are_the_runtimes():
+    """The README's default for every setting is the one xla_ext/config.h defines."""
+    rows = re.findall(r"^\| `(JAXCACHE_[A-Z0-9_]+)` \| ([^|]*) \|", README.read_text(), re.M)
+    settings = {s.variable: s for s in config.SETTINGS}
+    wrong = {var: (cell, settings[var].default) for var, cell in rows
+             if _documented_default(cell, settings[var]) != settings[var].default}
+    assert not wrong, f"README defaults differ from the runtime's (cell, default): {wrong}"
 
 
 def test_horovod_variables_table_is_the_aliases_read():
