@@ -148,7 +148,8 @@ Task<> Operations::Allreduce(std::vector<Job>& jobs, const std::vector<std::size
   std::vector<Item> direct;
   for (std::size_t ti : which) {
     const Signature& sig = jobs[ti].request->sig;
-    for (const Item& item : ItemsOf(jobs, ti)) {
+    ItemsOf(jobs, ti, items_);
+    for (const Item& item : items_) {
       if (item.count == 0) continue;
       stats_.bytes_reduced += item.bytes;
       // A tensor reduced in its own buffer (XLA aliased a donated operand with
@@ -213,9 +214,9 @@ Task<> Operations::Allreduce(std::vector<Job>& jobs, const std::vector<std::size
   }
 }
 
-std::vector<Operations::Item> Operations::ItemsOf(std::vector<Job>& jobs, std::size_t job) {
+void Operations::ItemsOf(std::vector<Job>& jobs, std::size_t job, std::vector<Item>& items) {
   Request& r = *jobs[job].request;
-  std::vector<Item> items;
+  items.clear();
   const bool blocks = ReducesOverDevices(r);
   if (blocks) {
     Dequeue(jobs[job]);
@@ -235,7 +236,6 @@ std::vector<Operations::Item> Operations::ItemsOf(std::vector<Job>& jobs, std::s
     char* at = static_cast<char*>(r.outputs[t]) + b.first * esize;
     items.push_back({job, t, b.count, b.count * esize, at, at, /*block=*/true});
   }
-  return items;
 }
 
 Task<> Operations::FusedAllreduce(std::vector<Job>& jobs, const std::vector<Item>& items) {

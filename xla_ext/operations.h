@@ -66,8 +66,9 @@ class Operations {
     void* out;       // where their reduction goes
     bool block = false;  // reduced in place in the device's result, after ReduceBlocks
   };
-  // The items of one allreduce job: its tensors, or over the devices each device's block.
-  std::vector<Item> ItemsOf(std::vector<Job>& jobs, std::size_t job);
+  // The items of one allreduce job into `items`: its tensors, or over the devices each
+  // device's block (after ReduceBlocks).
+  void ItemsOf(std::vector<Job>& jobs, std::size_t job, std::vector<Item>& items);
   Task<> Allreduce(std::vector<Job>& jobs, const std::vector<std::size_t>& which);
   Task<> FusedAllreduce(std::vector<Job>& jobs, const std::vector<Item>& items);
   Task<> DirectAllreduce(Job& job, const Item& item);
@@ -90,6 +91,7 @@ class Operations {
   Complete complete_;
   std::string first_failure_;
   std::vector<char> fusion_buffer_;
+  std::vector<Item> items_;  // one job's, reused (no allocation per request and cycle)
   std::vector<char> scratch_;
 };
 
