@@ -2,7 +2,7 @@
 // without the launcher's GLIBC_TUNABLES (jaxcache/allocator.py applies the
 // others and decides which: those the user did not set). XLA:CPU allocates
 // every result with malloc; on 4 KiB pages its copies and MPI's shared-memory
-// transfers run 2-3x slower than on transparent huge pages.
+// transfers run markedly slower than on transparent huge pages (benchmarks/README.md, "Figures behind the runtime's comments").
 #pragma once
 
 #include <cstddef>

@@ -117,8 +117,8 @@ void AbortJob(MPI_Comm comm, int code) {
 
 // Recursive doubling over point-to-point messages rather than MPI_Iallreduce:
 // the cycle's allreduce is on the path of every collective, and MPICH's
-// nonblocking allreduce took 3-12 us where an exchange of the same bytes took
-// 1.3-1.9 us (2 ranks, polled; its per-call schedule is the difference).
+// nonblocking allreduce, with its per-call schedule, took several times as
+// long as an exchange of the same bytes (benchmarks/README.md, "Figures behind the runtime's comments").
 // Each combination is (lower ranks' part) op (higher ranks' part), so every
 // rank evaluates the same expression tree: bitwise the same result everywhere,
 // even for an operator that is not exactly commutative (a NaN in min/max).

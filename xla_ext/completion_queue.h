@@ -25,9 +25,9 @@ class CompletionQueue {
 
   // While a Batch lives on a thread, that thread's pushes to `queue` wake its
   // thread once, when the batch ends: a cycle that completes many requests
-  // hands them over together. One wake-up per request cost ~11 us each at 3
-  // ranks on 2 cores (the completion thread slept between them), most of a
-  // jitted step of 1000 concurrent small allreduces.
+  // hands them over together. One wake-up per request (the completion thread
+  // sleeping between them) was most of a jitted step of 1000 concurrent small
+  // allreduces where ranks outnumber cores (benchmarks/README.md, "Figures behind the runtime's comments").
   class Batch {
    public:
     explicit Batch(CompletionQueue& queue);

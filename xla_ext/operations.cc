@@ -23,8 +23,7 @@ using FusionKey = std::tuple<DType, ReduceOp, double, double>;
 // when JAXCACHE_DIRECT_THRESHOLD is 0 (the default), measured at 2 ranks
 // (benchmarks/README.md, "The runtime's constants"). Up to kPairwiseRanks
 // ranks a tensor on its own moves by pairwise exchanges straight from its
-// operand, which beats the fusion buffer's two copies from about 48 KB (32 KB
-// tensors were faster fused, 64 KB ones 1.15x faster on their own); on more
+// operand, which beats the fusion buffer's two copies from about 48 KB; on more
 // ranks MPI reduces it in place after a copy into the result, worth it from 1 MiB.
 constexpr int64_t kPairwiseDirectBytes = 48 << 10;
 constexpr int64_t kMpiDirectBytes = 1 << 20;
@@ -36,8 +35,7 @@ constexpr int64_t kInPlaceDirectBytes = 512 << 10;
 
 // Result buffers fresh from XLA's allocator are first touched by the copy into
 // them or by MPI. Faulted in 4 KiB pages they cost more than the collective
-// itself (measured, 100 MB alltoall on 2 ranks: 79 ms into an XLA buffer, 20 ms
-// into a fresh NumPy one). NumPy asks for transparent huge pages for large
+// itself (benchmarks/README.md, "Figures behind the runtime's comments"). NumPy asks for transparent huge pages for large
 // arrays and XLA does not, so ask here: a hint that changes only the page size
 // of later faults (with THP "madvise" mode, the common default).
 void AdviseHugePages(void* p, std::size_t bytes) {
@@ -262,9 +260,9 @@ Task<> Operations::FusedAllreduce(std::vector<Job>& jobs, const std::vector<Item
   PhaseAll(jobs, items, "MEMCPY_IN_FUSION_BUFFER", false);
   PhaseAll(jobs, items, "MPI_ALLREDUCE", true);
   const int64_t count = static_cast<int64_t>(total / ElementSize(dtype));
-  // Up to kPairwiseRanks ranks, pairwise in the buffer as a large tensor: 3 ranks, 100
-  // tensors of 10 KB 1.04-1.15 -> 0.73-0.81 ms; 2 ranks 0.39 -> 0.35 ms; small
-  // buffers alike (benchmarks/README.md, "The direct threshold by the set's size").
+  // Up to kPairwiseRanks ranks, pairwise in the buffer as a large tensor: faster than
+  // MPI's allreduce of the buffer at 2 and 3 ranks, small buffers alike
+  // (benchmarks/README.md, "The direct threshold by the set's size").
   if (comm_.size() > 1 && comm_.size() <= kPairwiseRanks) {
     co_await PairwiseAllreduce(*this, buf, buf, count, dtype, sig0.op, Scaling{});  // counts its call
   } else {

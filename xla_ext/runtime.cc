@@ -45,13 +45,13 @@ constexpr microseconds kInlineTightPoll{10};
 // transfer still in flight after this long is waited for by sleeping
 // kMinBackoff between polls, by the background thread alone: a thread that
 // yield-polls through a transfer of milliseconds takes the core from the
-// ranks whose turn it is (their copy-in into the fusion buffer waited 3-21 ms
-// in the run queue for 0.5 ms of work, /proc schedstat) and spends its own
+// ranks whose turn it is (their copy-in into the fusion buffer waited in the
+// run queue many times as long as it took, /proc schedstat) and spends its own
 // scheduler credit, so it waits in turn once it has work. Short steps (the
 // cycle's messages, small data) finish before it and are still polled, and so
 // is a transfer with nothing behind it: MPI's schedule advances only when
-// polled (one 102 MB allreduce at 3 ranks: 1.2x slower when slept through;
-// benchmarks/README.md).
+// polled (a large allreduce at 3 ranks was slower when slept through)
+// (benchmarks/README.md, "Figures behind the runtime's comments").
 constexpr microseconds kOversubscribedTransferPoll{200};
 // Where ranks outnumber cores, a cycle started while this rank's requests are
 // still arriving (XLA:CPU starting a step's independent collectives on its
@@ -352,7 +352,7 @@ void Runtime::Drive(ProcessSet& set_ref, std::unique_lock<std::mutex>& lock,
       if (set->Advance(IntentFor(*set))) continue;
       // Data moving between ranks that are all here (at most kInlineBytes of
       // it) finishes soon; the background thread would only poll it the same
-      // way, after a wake-up (1 MB alltoall at 2 ranks: 75 -> 59 us).
+      // way, after a wake-up.
       const auto now = Clock::now();
       if (now > deadline &&
           !(set->transferring() && now < deadline + kInlineTransferGrace && !SleepThrough(*set, now)))

@@ -28,8 +28,8 @@ namespace jaxcache {
 // Requests up to this size are driven by their submitter (Runtime::Submit);
 // larger ones are left to the background thread, so an XLA thread never
 // spends long on data movement that could overlap its computation (at most
-// JAXCACHE_INLINE_SPIN_US + 1 ms, see kInlineTransferGrace). 4 MiB: a 4 MB
-// alltoall at 2 ranks took 230-340 us handed over, ~205 us driven inline.
+// JAXCACHE_INLINE_SPIN_US + kInlineTransferGrace). Up to 4 MiB, driving the
+// data inline was still faster than handing it over (benchmarks/README.md, "Figures behind the runtime's comments").
 constexpr std::size_t kInlineBytes = std::size_t(4) << 20;
 
 class Runtime {

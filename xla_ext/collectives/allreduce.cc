@@ -19,7 +19,7 @@ class Allreduce final : public ElementwiseReduction {
   // pairwise reducescatter from the operand into this rank's block of the
   // result, then a pairwise allgather of the blocks -- the operand is read
   // once and never copied (MPICH's allreduce copies it into the result first,
-  // 4 ms of a 13 ms ResNet-50 set at 2 ranks). More ranks: MPI's allreduce in
+  // a large part of a ResNet-50 set's time) (benchmarks/README.md, "Figures behind the runtime's comments"). More ranks: MPI's allreduce in
   // place, chunk by chunk (in-place MPI is markedly faster than separate
   // buffers, MPICH copying the send buffer itself), the copy into the result
   // absorbing the prescale.

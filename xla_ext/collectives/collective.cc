@@ -89,8 +89,8 @@ Task<> PairwiseReducescatter(Operations& ops, const void* in, void* out, const s
   Comm& comm = ops.comm();
   const int size = comm.size(), me = comm.rank();
   const std::size_t esize = ElementSize(dtype);
-  // Pieces of JAXCACHE_CHUNK_BYTES: 1 and 16 MiB pieces were slower than 4 MiB
-  // at 16-100 MB (2 ranks), one piece per block 1.2x slower at 100 MB.
+  // Pieces of JAXCACHE_CHUNK_BYTES (4 MiB by default: smaller and larger pieces,
+  // and one piece per block, were slower) (benchmarks/README.md, "Figures behind the runtime's comments").
   const auto [displ, longest, per] = LayoutOf(comm, counts, esize);
   const bool scaled = prescale != 1.0;
   const char* src = static_cast<const char*>(in);
