@@ -1,6 +1,6 @@
-// Python bindings (nanobind): process control, counters, the FFI handler
-// capsules for jax.ffi.register_ffi_target, and a DLPack-based submit path
-// used by eager JAX calls and by the PyTorch / TensorFlow bridges.
+// Python bindings (nanobind), and only they: process control and counters,
+// process sets, the FFI handler capsules for jax.ffi.register_ffi_target, and
+// the eager submit path (eager_handle.h, dlpack_submit.h).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
@@ -12,21 +12,18 @@
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
-#include <chrono>
-#include <atomic>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <stdexcept>
 
 #include "allocator.h"
-#include "collectives/collective.h"
 #include "comm.h"
+#include "dlpack_submit.h"
+#include "eager_handle.h"
 #include "ffi_handlers.h"
 #include "point_to_point_handlers.h"
 #include "protocol_bindings.h"
-#include "submission.h"
 #include "runtime.h"
+#include "submission.h"
 #ifdef JAXCACHE_WITH_CUDA
 #include "cuda_handlers.h"
 #endif
@@ -35,109 +32,6 @@ namespace nb = nanobind;
 using namespace jaxcache;
 
 namespace {
-
-// Completion state of one eagerly submitted request.
-struct Handle {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  Status status;
-  // Outputs the executor allocated (allgather with agreed sizes, alltoall).
-  std::shared_ptr<OutputStore> store;
-  int32_t value = -1;  // join(): the rank that joined last
-  // Submitted without driving (an async call): its first waiter drives it.
-  std::weak_ptr<Runtime> runtime;
-  int32_t process_set = 0;
-
-  void Finish(const Status& st) {
-    std::lock_guard<std::mutex> lock(mu);
-    status = st;
-    done = true;
-    cv.notify_all();
-  }
-  bool WaitFor(std::chrono::milliseconds timeout) {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, timeout, [&] { return done; });
-  }
-  bool Poll() {
-    std::lock_guard<std::mutex> lock(mu);
-    return done;
-  }
-};
-
-// Threads inside Handle.wait(): interpreter exit waits for them to leave (see
-// wait_for_waiters) -- a thread still in C++ when Python finalizes would be
-// ended inside a C++ frame, which aborts the process.
-std::atomic<int> waiters{0};
-unsigned long main_thread_ident = 0;
-
-// Waits without the GIL. The main thread waits in slices and runs Python's
-// signal handlers between them, so Ctrl-C raises KeyboardInterrupt within a
-// slice; other threads (which never receive signals) wait in one piece. An
-// interrupted request stays in flight: its caller keeps the buffers alive.
-std::pair<int, std::string> WaitInterruptibly(Handle& h) {
-  constexpr std::chrono::milliseconds kSlice{50};
-  const bool main_thread = PyThread_get_thread_ident() == main_thread_ident;
-  struct Count {
-    Count() { ++waiters; }
-    ~Count() { --waiters; }
-  } count;
-  if (auto runtime = h.runtime.lock(); runtime && !h.Poll()) {
-    nb::gil_scoped_release release;
-    runtime->DriveUntil(h.process_set, [&h] { return h.Poll(); });
-  }
-  for (;;) {
-    bool done;
-    {
-      nb::gil_scoped_release release;
-      done = h.WaitFor(main_thread ? kSlice : std::chrono::hours(24));
-    }
-    if (done) break;
-    if (main_thread && PyErr_CheckSignals() != 0) throw nb::python_error();
-  }
-  std::lock_guard<std::mutex> lock(h.mu);
-  return {static_cast<int>(h.status.kind), h.status.message};
-}
-
-DType FromDlpack(nb::dlpack::dtype t) {
-  using C = nb::dlpack::dtype_code;
-  auto code = static_cast<C>(t.code);
-  if (t.lanes != 1) throw std::invalid_argument("jaxcache: vector dtypes are not supported");
-  switch (code) {
-    case C::Bool: return DType::kBool;
-    case C::Int:
-      switch (t.bits) {
-        case 8: return DType::kInt8; case 16: return DType::kInt16;
-        case 32: return DType::kInt32; case 64: return DType::kInt64;
-      }
-      break;
-    case C::UInt:
-      switch (t.bits) {
-        case 8: return DType::kUInt8; case 16: return DType::kUInt16;
-        case 32: return DType::kUInt32; case 64: return DType::kUInt64;
-      }
-      break;
-    case C::Float:
-      switch (t.bits) {
-        case 16: return DType::kFloat16; case 32: return DType::kFloat32; case 64: return DType::kFloat64;
-      }
-      break;
-    case C::Bfloat:
-      if (t.bits == 16) return DType::kBFloat16;
-      break;
-    case C::Complex:
-      switch (t.bits) {
-        case 64: return DType::kComplex64; case 128: return DType::kComplex128;
-      }
-      break;
-    default: break;
-  }
-  throw std::invalid_argument("jaxcache: unsupported dtype (code " + std::to_string(t.code) +
-                              ", " + std::to_string(t.bits) + " bits)");
-}
-
-using InArray = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
-using OutArray = nb::ndarray<nb::c_contig, nb::device::cpu>;
 
 std::shared_ptr<Runtime> Running() {
   auto rt = Runtime::Current();
@@ -155,134 +49,13 @@ std::shared_ptr<ProcessSet> SetOf(const Runtime& rt, int32_t id) {
   return set;
 }
 
-// Submits `s` with a handle for its outcome; a submission the runtime refuses
-// gives a handle that has failed already (its wait() returns why).
-// `drive`: the submitter drives small requests' cycles itself (a blocking call);
-// otherwise (an async call) it returns at once and the first waiter drives.
-std::shared_ptr<Handle> Track(Submission s, bool join_value = false, bool drive = true) {
-  auto handle = std::make_shared<Handle>();
-  PreparedRequest p = MakeRequest(std::move(s));
-  if (!p.request) {
-    handle->Finish(p.status);
-    return handle;
-  }
-  RequestPtr req = std::move(p.request);
-  if (join_value) req->outputs.push_back(&handle->value);  // the handle outlives the request
-  handle->store = req->store;
-  req->done = Completion([handle](const Status& st) { handle->Finish(st); }, /*cheap=*/true);
-  const bool small = req->sig.NumBytes() <= kInlineBytes;
-  if (!drive && small) {
-    handle->runtime = p.runtime;
-    handle->process_set = req->process_set;
-  }
-  nb::gil_scoped_release release;  // driving may wait for the other ranks a little
-  p.runtime->Submit(std::move(req), drive && small);
-  return handle;
-}
-
-TensorSpec Spec(const InArray& a, const std::vector<int>& dtype_codes, std::size_t i) {
-  TensorSpec spec;
-  // An explicit code covers dtypes a producer cannot export (NumPy's bfloat16).
-  spec.dtype = i < dtype_codes.size() && dtype_codes[i] >= 0 ? static_cast<DType>(dtype_codes[i])
-                                                            : FromDlpack(a.dtype());
-  for (std::size_t d = 0; d < a.ndim(); ++d) spec.shape.push_back(a.shape(d));
-  return spec;
-}
-
-// Codes from Python are the exported enums' values (jaxcache.protocol); anything
-// else is refused before a request exists.
-template <typename E>
-E Checked(int code, int count, const char* what) {
-  if (code < 0 || code >= count)
-    throw std::invalid_argument(std::string("jaxcache: unknown ") + what + " " + std::to_string(code));
-  return static_cast<E>(code);
-}
-
-Submission FromArrays(int kind, const std::string& name, const std::vector<InArray>& inputs,
-                      const std::vector<int>& dtype_codes, bool refuse_if_in_flight, int device,
-                      int32_t process_set, int64_t world_size) {
-  Submission s;
-  s.name = name;
-  s.process_set = process_set;
-  s.world_size = world_size;
-  s.sig.kind = Checked<Kind>(kind, kNumKinds, "collective kind");
-  // The buffers are host memory (a bridge staged device tensors already);
-  // the device kind only has to agree across ranks.
-  s.sig.device = Checked<Device>(device, kNumDevices, "device kind");
-  s.refuse_if_in_flight = refuse_if_in_flight;
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    s.sig.tensors.push_back(Spec(inputs[i], dtype_codes, i));
-    s.inputs.push_back(inputs[i].data());
-  }
-  return s;
-}
-
-// An allgather or alltoall whose outputs the executor allocates once the ranks
-// have agreed on their sizes; read them with Handle.results().
-std::shared_ptr<Handle> SubmitAllocated(int kind, const std::string& name, std::vector<InArray> inputs,
-                                        std::vector<int64_t> splits, std::vector<int> dtype_codes,
-                                        bool refuse_if_in_flight, int device, int32_t process_set,
-                                        int64_t world_size, bool drive) {
-  Submission s = FromArrays(kind, name, inputs, dtype_codes, refuse_if_in_flight, device,
-                            process_set, world_size);
-  s.sig.splits = std::move(splits);
-  s.allocate_outputs = true;
-  return Track(std::move(s), false, drive);
-}
-
-// The executor's outputs as (bytes, shape) pairs; the arrays keep them alive.
-nb::list Results(Handle& h) {
-  nb::list out;
-  if (!h.store) return out;
-  for (auto& b : h.store->buffers) {
-    auto* keep = new std::shared_ptr<OutputStore>(h.store);
-    nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<OutputStore>*>(p); });
-    std::size_t shape[1] = {b.bytes};
-    nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> bytes(b.data.get(), 1, shape, owner);
-    out.append(nb::make_tuple(bytes, nb::cast(b.shape)));
-  }
-  return out;
-}
-
-std::shared_ptr<Handle> SubmitArrays(int kind, const std::string& name,
-                                     std::vector<InArray> inputs, std::vector<OutArray> outputs,
-                                     int op, double prescale, double postscale, int root,
-                                     std::vector<int> dtype_codes, bool refuse_if_in_flight,
-                                     int device, int32_t process_set, int64_t world_size,
-                                     bool drive) {
-  Submission s = FromArrays(kind, name, inputs, dtype_codes, refuse_if_in_flight, device,
-                            process_set, world_size);
-  s.sig.op = Checked<ReduceOp>(op, kNumReduceOps, "reduce op");
-  s.sig.prescale = prescale;
-  s.sig.postscale = postscale;
-  s.sig.root = root;
-  // Caller-sized outputs: the ranks must agree on equal shapes (blocks).
-  s.sig.static_shapes = CollectiveOf(s.sig.kind).AgreedSizes();
-  for (auto& o : outputs) {
-    s.outputs.push_back(o.data());
-    s.output_bytes.push_back(o.size() * o.itemsize());
-  }
-  return Track(std::move(s), false, drive);
-}
-
 template <typename T>
 nb::capsule Capsule(T* fn) {
   return nb::capsule(reinterpret_cast<void*>(fn));
 }
 
-}  // namespace
-
-NB_MODULE(_jaxcache_ext, m) {
-  m.doc() = "jaxcache C++ runtime";
-  BindProtocol(m);
-  // Handles held by module globals (or in flight at exit) outlive nanobind's
-  // shutdown check; that is expected, not a reference-counting bug.
-  nb::set_leak_warnings(false);
-  main_thread_ident = nb::cast<unsigned long>(
-      nb::module_::import_("threading").attr("main_thread")().attr("ident"));
-  m.def("waiters", [] { return waiters.load(); });
-  m.def("advise_heap_huge_pages", &AdviseHeapHugePages, nb::arg("reserve"));
-
+// The FFI targets by platform and the call-site state types.
+void BindTargets(nb::module_& m) {
   m.def("ffi_api_version", [] { return std::make_pair(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR); });
   // Targets by platform: {"cpu": {...}, "CUDA": {...}} (CUDA only when built with it).
   m.def("registrations", [] {
@@ -314,20 +87,6 @@ NB_MODULE(_jaxcache_ext, m) {
 #endif
     return d;
   });
-#ifdef JAXCACHE_WITH_CUDA
-  m.def("cuda_built", [] { return true; });
-  // (device count, "" or why CUDA cannot start). Starts the CUDA runtime:
-  // call it only when asked, never at import.
-  m.def("cuda_device_count", [] {
-    std::string error;
-    int n = CudaDeviceCount(&error);
-    return std::make_pair(n, error);
-  });
-  m.def("cuda_runtime_version", [] { return CudaRuntimeVersion(); });
-  m.def("cuda_staging_bytes", [] { return CudaStagingBytes(); });
-#else
-  m.def("cuda_built", [] { return false; });
-#endif
   // The call-site state type of each platform: {platform: (name, {type_id, type_info})}.
   m.def("call_site_types", [] {
     auto type = [](const char* name, void* id, void* info) {
@@ -343,7 +102,27 @@ NB_MODULE(_jaxcache_ext, m) {
 #endif
     return d;
   });
+}
 
+void BindCuda(nb::module_& m) {
+#ifdef JAXCACHE_WITH_CUDA
+  m.def("cuda_built", [] { return true; });
+  // (device count, "" or why CUDA cannot start). Starts the CUDA runtime:
+  // call it only when asked, never at import.
+  m.def("cuda_device_count", [] {
+    std::string error;
+    int n = CudaDeviceCount(&error);
+    return std::make_pair(n, error);
+  });
+  m.def("cuda_runtime_version", [] { return CudaRuntimeVersion(); });
+  m.def("cuda_staging_bytes", [] { return CudaStagingBytes(); });
+#else
+  m.def("cuda_built", [] { return false; });
+#endif
+}
+
+// Starting and stopping the runtime, this rank, counters, the timeline.
+void BindRuntime(nb::module_& m) {
   m.def(
       "init",
       [](uintptr_t comm_address, const nb::dict& config) {
@@ -389,6 +168,9 @@ NB_MODULE(_jaxcache_ext, m) {
       },
       nb::arg("path"), nb::arg("mark_cycles") = false);
   m.def("stop_timeline", [] { Running()->StopTimeline(); });
+}
+
+void BindProcessSets(nb::module_& m) {
   m.def(
       "add_process_set",
       [](int32_t id, uintptr_t comm_address) {
@@ -407,6 +189,10 @@ NB_MODULE(_jaxcache_ext, m) {
       },
       nb::arg("process_set"), nb::arg("timeout_s") = 30.0);
   m.def("process_set_ids", [] { return Running()->SetIds(); });
+}
+
+// Eager requests: barrier, join, the DLPack submit path and their handles.
+void BindEager(nb::module_& m) {
   m.def(
       "barrier",
       [](const std::string& name, int32_t process_set) {
@@ -458,4 +244,22 @@ NB_MODULE(_jaxcache_ext, m) {
         nb::arg("dtype_codes") = std::vector<int>(), nb::arg("refuse_if_in_flight") = false,
         nb::arg("device") = 0, nb::arg("process_set") = 0, nb::arg("world_size") = -1,
         nb::arg("drive") = true);
+}
+
+}  // namespace
+
+NB_MODULE(_jaxcache_ext, m) {
+  m.doc() = "jaxcache C++ runtime";
+  BindProtocol(m);
+  // Handles held by module globals (or in flight at exit) outlive nanobind's
+  // shutdown check; that is expected, not a reference-counting bug.
+  nb::set_leak_warnings(false);
+  SetMainThread(nb::cast<unsigned long>(nb::module_::import_("threading").attr("main_thread")().attr("ident")));
+  m.def("waiters", [] { return EagerWaiters(); });
+  m.def("advise_heap_huge_pages", &AdviseHeapHugePages, nb::arg("reserve"));
+  BindTargets(m);
+  BindCuda(m);
+  BindRuntime(m);
+  BindProcessSets(m);
+  BindEager(m);
 }
