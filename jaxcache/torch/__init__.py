@@ -36,7 +36,6 @@ from .functions import (
     broadcast_parameters,
 )
 from .ops import (
-    Handle,
     allgather_async,
     allreduce_,
     allreduce_async,
@@ -52,10 +51,9 @@ from .ops import (
     grouped_allreduce_async_,
     grouped_reducescatter_async,
     join,
-    poll,
     reducescatter_async,
-    synchronize,
 )
+from .requests import Handle, poll, synchronize
 from .optimizer import DistributedOptimizer
 from .sparse import sparse_allreduce_async
 from .sync_batch_norm import SyncBatchNorm

@@ -23,7 +23,7 @@ import torch
 from ..compat import reduce_ops
 from ..compat.process_sets import global_process_set
 from . import compression as _compression
-from . import ops
+from . import checks, requests, submitters
 from .compression import Compression
 
 
@@ -57,14 +57,14 @@ class _Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, handle, spec, *tensors):
         ctx.spec = (handle.name, handle.process_set, *spec)
-        out = ops.synchronize(handle)
+        out = requests.synchronize(handle)
         return tuple(out) if isinstance(out, list) else out
 
     @staticmethod
     def backward(ctx, *grads):
         name, ps, op, pre, post = ctx.spec
         single = len(grads) == 1
-        out = ops.synchronize(ops.allreduce_submit(list(grads), op, _grad_name(name), pre, post,
+        out = requests.synchronize(submitters.allreduce_submit(list(grads), op, _grad_name(name), pre, post,
                                                    "allreduce (backward)", False, single, ps))
         return (None, None, *([out] if single else out))
 
@@ -72,7 +72,7 @@ class _Allreduce(torch.autograd.Function):
 class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, handle, *tensors):
-        out = ops.synchronize(handle)
+        out = requests.synchronize(handle)
         ctx.spec = (handle.name, handle.process_set, _rows_per_tensor(handle.rows, len(tensors)),
                     [t.dim() == 0 for t in tensors])
         return tuple(out) if isinstance(out, list) else out
@@ -81,7 +81,7 @@ class _Allgather(torch.autograd.Function):
     def backward(ctx, *grads):
         name, ps, rows, scalars = ctx.spec
         single = len(grads) == 1
-        reduced = ops.synchronize(ops.allreduce_submit(list(grads), "average", _grad_name(name), 1.0,
+        reduced = requests.synchronize(submitters.allreduce_submit(list(grads), "average", _grad_name(name), 1.0,
                                                        1.0, "allgather (backward)", False, single, ps))
         reduced = [reduced] if single else reduced
         return (None, *[_own_rows(g, r, s, ps.rank) for g, r, s in zip(reduced, rows, scalars)])
@@ -91,12 +91,12 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, handle, root, tensor):
         ctx.spec = (handle.name, handle.process_set, root)
-        return ops.synchronize(handle)
+        return requests.synchronize(handle)
 
     @staticmethod
     def backward(ctx, grad):
         name, ps, root = ctx.spec
-        reduced = ops.synchronize(ops.allreduce_submit([grad], "average", _grad_name(name), 1.0, 1.0,
+        reduced = requests.synchronize(submitters.allreduce_submit([grad], "average", _grad_name(name), 1.0, 1.0,
                                                        "broadcast (backward)", False, True, ps))
         if ps.ranks[ps.rank] != root:  # root is a global rank
             reduced = reduced * 0
@@ -107,14 +107,14 @@ class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, handle, factor, *tensors):
         ctx.spec = (handle.name, handle.process_set, factor)
-        out = ops.synchronize(handle)
+        out = requests.synchronize(handle)
         return tuple(out) if isinstance(out, list) else out
 
     @staticmethod
     def backward(ctx, *grads):
         name, ps, factor = ctx.spec
         single = len(grads) == 1
-        gathered = ops.synchronize(ops.allgather_submit(_scaled(grads, factor), _grad_name(name),
+        gathered = requests.synchronize(submitters.allgather_submit(_scaled(grads, factor), _grad_name(name),
                                                         "reducescatter (backward)", ps, single))
         return (None, None, *([gathered] if single else gathered))
 
@@ -122,7 +122,7 @@ class _Reducescatter(torch.autograd.Function):
 class _Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx, handle, tensor):
-        out, received = ops.synchronize(handle)
+        out, received = requests.synchronize(handle)
         ctx.spec = (handle.name, handle.process_set, handle.rows)
         ctx.mark_non_differentiable(received)
         return out, received
@@ -130,7 +130,7 @@ class _Alltoall(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, _received):
         name, ps, received = ctx.spec
-        back, _ = ops.synchronize(ops.alltoall_submit(grad, received, _grad_name(name),
+        back, _ = requests.synchronize(submitters.alltoall_submit(grad, received, _grad_name(name),
                                                       "alltoall (backward)", ps))
         return None, back
 
@@ -146,13 +146,13 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     by the ranks of the set that have not joined).
     compression: Compression.none / fp16 / bf16, applied around the reduction.
     """
-    op, pre, post = ops.reduce_spec("allreduce", op, average, prescale_factor, postscale_factor,
+    op, pre, post = submitters.reduce_spec("allreduce", op, average, prescale_factor, postscale_factor,
                                     prescale, postscale)
-    ps = ops.set_of(process_set, "allreduce")
-    ops.check_tensor(tensor, "allreduce", f"tensor {name!r}" if name else "tensor")
+    ps = checks.set_of(process_set, "allreduce")
+    checks.check_tensor(tensor, "allreduce", f"tensor {name!r}" if name else "tensor")
     _compression.check(compression, "allreduce")
     compressed, cctx = compression.compress(tensor)
-    handle = ops.allreduce_submit([compressed], op, name, pre, post, "allreduce", False, True, ps)
+    handle = submitters.allreduce_submit([compressed], op, name, pre, post, "allreduce", False, True, ps)
     return compression.decompress(_Allreduce.apply(handle, (op, pre, post), compressed), cctx)
 
 
@@ -160,17 +160,17 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set, *,
                       prescale=None, postscale=None) -> list[torch.Tensor]:
     """Reduces a list of tensors as one atomic, fused request; returns new tensors (differentiable)."""
-    tensors = ops.as_list(tensors, "grouped_allreduce")
-    op, pre, post = ops.reduce_spec("grouped_allreduce", op, average, prescale_factor,
+    tensors = submitters.as_list(tensors, "grouped_allreduce")
+    op, pre, post = submitters.reduce_spec("grouped_allreduce", op, average, prescale_factor,
                                     postscale_factor, prescale, postscale)
-    ps = ops.set_of(process_set, "grouped_allreduce")
+    ps = checks.set_of(process_set, "grouped_allreduce")
     for i, t in enumerate(tensors):
-        ops.check_tensor(t, "grouped_allreduce", ops._what(name, False, i))
+        checks.check_tensor(t, "grouped_allreduce", submitters.what_of(name, False, i))
     _compression.check(compression, "grouped_allreduce")
     if not tensors:
         return []
     compressed, ctxs = zip(*[compression.compress(t) for t in tensors])
-    handle = ops.allreduce_submit(list(compressed), op, name, pre, post, "grouped_allreduce", False,
+    handle = submitters.allreduce_submit(list(compressed), op, name, pre, post, "grouped_allreduce", False,
                                   False, ps)
     outs = _Allreduce.apply(handle, (op, pre, post), *compressed)
     return [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
@@ -180,38 +180,38 @@ def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor
     """Every rank's `tensor` concatenated along dim 0 in rank order (of `process_set`; a scalar
     gives one value per rank). The first dimension may differ between ranks; the others must
     agree. Differentiable."""
-    ps = ops.set_of(process_set, "allgather")
-    return _Allgather.apply(ops.allgather_submit([tensor], name, "allgather", ps), tensor)
+    ps = checks.set_of(process_set, "allgather")
+    return _Allgather.apply(submitters.allgather_submit([tensor], name, "allgather", ps), tensor)
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set) -> list[torch.Tensor]:
     """allgather of every tensor of the list as one atomic request (differentiable)."""
-    ps = ops.set_of(process_set, "grouped_allgather")
-    tensors = ops.as_list(tensors, "grouped_allgather")
+    ps = checks.set_of(process_set, "grouped_allgather")
+    tensors = submitters.as_list(tensors, "grouped_allgather")
     if not tensors:
         return []
-    return list(_Allgather.apply(ops.allgather_submit(tensors, name, "grouped_allgather", ps, False),
+    return list(_Allgather.apply(submitters.allgather_submit(tensors, name, "grouped_allgather", ps, False),
                                  *tensors))
 
 
 def broadcast(tensor, root_rank=0, name=None, process_set=global_process_set) -> torch.Tensor:
     """`root_rank`'s value of `tensor`, as a new tensor on every rank (differentiable).
     `root_rank` is a global rank, also with a process set."""
-    ps = ops.set_of(process_set, "broadcast")
-    handle = ops.broadcast_submit([tensor], root_rank, name, "broadcast", False, ps)
+    ps = checks.set_of(process_set, "broadcast")
+    handle = submitters.broadcast_submit([tensor], root_rank, name, "broadcast", False, ps)
     return _Broadcast.apply(handle, int(root_rank), tensor)
 
 
 def _reducescatter(tensors, name, compression, op, process_set, prescale_factor, postscale_factor,
                    prescale, postscale, fn: str, single: bool) -> list[torch.Tensor]:
-    op, pre, post = ops.reduce_spec(fn, op, None, prescale_factor, postscale_factor, prescale,
+    op, pre, post = submitters.reduce_spec(fn, op, None, prescale_factor, postscale_factor, prescale,
                                     postscale)
-    ps = ops.set_of(process_set, fn)
+    ps = checks.set_of(process_set, fn)
     for i, t in enumerate(tensors):
-        ops.check_tensor(t, fn, ops._what(name, single, i))
+        checks.check_tensor(t, fn, submitters.what_of(name, single, i))
     _compression.check(compression, fn)
     compressed, ctxs = zip(*[compression.compress(t) for t in tensors])
-    handle = ops.reducescatter_submit(list(compressed), op, name, pre, post, fn, single, ps)
+    handle = submitters.reducescatter_submit(list(compressed), op, name, pre, post, fn, single, ps)
     outs = _Reducescatter.apply(handle, _scatter_grad_scale(op, pre, post, ps.size), *compressed)
     outs = [outs] if single else outs
     return [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
@@ -236,7 +236,7 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=r
                           process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0,
                           *, prescale=None, postscale=None) -> list[torch.Tensor]:
     """reducescatter of every tensor of the list as one atomic request (differentiable)."""
-    tensors = ops.as_list(tensors, "grouped_reducescatter")
+    tensors = submitters.as_list(tensors, "grouped_reducescatter")
     if not tensors:
         return []
     return _reducescatter(tensors, name, compression, op, process_set, prescale_factor,
@@ -250,6 +250,6 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     With `splits` (a list or an integer tensor; may differ per rank) it returns
     `(tensor, received_splits)`, the rows that came from each rank, as Horovod does.
     """
-    ps = ops.set_of(process_set, "alltoall")
-    out, received = _Alltoall.apply(ops.alltoall_submit(tensor, splits, name, "alltoall", ps), tensor)
+    ps = checks.set_of(process_set, "alltoall")
+    out, received = _Alltoall.apply(submitters.alltoall_submit(tensor, splits, name, "alltoall", ps), tensor)
     return out if splits is None else (out, received)

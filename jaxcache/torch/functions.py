@@ -10,7 +10,7 @@ import torch
 from .. import objects
 from .. import runtime as _runtime
 from ..compat.process_sets import global_process_set
-from . import ops
+from . import checks, requests, submitters
 from ..protocol import Kind
 
 
@@ -27,9 +27,9 @@ def agree(tag: str, items: list[str], fn: str, what: str, process_set=global_pro
     rank's and names the differences, so the error is raised on every rank with a useful
     message (no rank goes on to submit collectives the others never match, which would hang).
     """
-    ps = ops.set_of(process_set, fn)
+    ps = checks.set_of(process_set, fn)
     mine = torch.tensor([len(items), _digest(items)], dtype=torch.int64)
-    gathered = ops.synchronize(ops.allgather_submit([mine], f"torch.agree/{tag}", fn, ps)).view(-1, 2)
+    gathered = requests.synchronize(submitters.allgather_submit([mine], f"torch.agree/{tag}", fn, ps)).view(-1, 2)
     rows = {tuple(r) for r in gathered.tolist()}
     if len(rows) == 1:
         return
@@ -105,7 +105,7 @@ def _named_items(params, fn: str) -> list[tuple[str, torch.Tensor]]:
         if key in seen:
             raise ValueError(f"jaxcache.torch.{fn}: parameter name {key!r} appears twice")
         seen.add(key)
-        ops.check_tensor(value, fn, f"parameter {key!r}")
+        checks.check_tensor(value, fn, f"parameter {key!r}")
     return sorted(items, key=lambda kv: kv[0])
 
 
@@ -119,12 +119,12 @@ def broadcast_parameters(params, root_rank: int = 0, *, process_set=global_proce
     `root_rank` is a global rank.
     """
     fn = "broadcast_parameters"
-    ps = ops.set_of(process_set, fn)
-    root = ops.set_root(root_rank, ps, fn)
+    ps = checks.set_of(process_set, fn)
+    root = checks.set_root(root_rank, ps, fn)
     items = _named_items(params, fn)
     agree(fn, [f"{k}:{_signature(v)}" for k, v in items], fn,
           "the parameters to broadcast (names, shapes, dtypes)", process_set)
-    handles = [ops.submit(Kind.BROADCAST, f"torch.broadcast_parameters/{k}", [v], inplace=True,
+    handles = [requests.submit(Kind.BROADCAST, f"torch.broadcast_parameters/{k}", [v], inplace=True,
                           root=root, process_set=ps) for k, v in items]
     _synchronize_all(handles)
 
@@ -134,7 +134,7 @@ def _synchronize_all(handles) -> list:
     results, error = [], None
     for h in handles:
         try:
-            results.append(ops.synchronize(h))
+            results.append(requests.synchronize(h))
         except Exception as e:  # noqa: BLE001 - re-raised below
             results.append(None)
             if error is None:
@@ -203,8 +203,8 @@ def broadcast_optimizer_state(optimizer, root_rank: int = 0, model=None, *,
             f"jaxcache.torch.broadcast_optimizer_state: expected a torch.optim.Optimizer, got "
             f"{type(optimizer).__name__}"
         )
-    ps = ops.set_of(process_set, fn)
-    root = ops.set_root(root_rank, ps, fn)
+    ps = checks.set_of(process_set, fn)
+    root = checks.set_root(root_rank, ps, fn)
     layout = [f"{g}.{i}:{_signature(p)}" for g, group in enumerate(optimizer.param_groups)
               for i, p in enumerate(group["params"])]
     agree(fn, layout, fn, "the optimizer's parameters (groups, shapes, dtypes)", process_set)
@@ -221,8 +221,8 @@ def broadcast_optimizer_state(optimizer, root_rank: int = 0, model=None, *,
     else:
         buffers = [torch.empty(r.shape, dtype=r.dtype) for r in refs]
     for i, b in enumerate(buffers):
-        ops.check_tensor(b, "broadcast_optimizer_state", f"optimizer state tensor {i}")
-    handles = [ops.submit(Kind.BROADCAST, f"torch.broadcast_optimizer_state/{i}", [b],
+        checks.check_tensor(b, "broadcast_optimizer_state", f"optimizer state tensor {i}")
+    handles = [requests.submit(Kind.BROADCAST, f"torch.broadcast_optimizer_state/{i}", [b],
                           inplace=True, root=root, process_set=ps) for i, b in enumerate(buffers)]
     _synchronize_all(handles)
     if not is_root:

@@ -11,7 +11,7 @@ from .. import grouping
 from .. import runtime as _runtime
 from ..compat import process_sets, reduce_ops
 from ..compat.process_sets import global_process_set
-from . import ops
+from . import checks, requests
 from . import compression as _compression
 from .compression import Compression
 from .functions import agree
@@ -80,8 +80,8 @@ class _DistributedMixin:
         params = [p for p in all_params if p.requires_grad]
         for p in params:
             what = f"parameter {names[id(p)]!r}"
-            ops.check_tensor(p, fn, what)
-            ops.check_reduction(p, self._jc_op, pre, post, fn, what)
+            checks.check_tensor(p, fn, what)
+            checks.check_reduction(p, self._jc_op, pre, post, fn, what)
         self._jc_params = params
         self._jc_param_names = [names[id(p)] for p in params]
         index_of = {id(p): i for i, p in enumerate(params)}
@@ -101,7 +101,7 @@ class _DistributedMixin:
         self._jc_pending: list[_Unit] = []
         self._jc_synced = False
         self._jc_skip_sync = False
-        self._jc_op_code, self._jc_pre, self._jc_post = ops.reduce_args(self._jc_op, pre, post)
+        self._jc_op_code, self._jc_pre, self._jc_post = checks.reduce_args(self._jc_op, pre, post)
 
         self._jc_hooks = []
         if not self._jc_member:
@@ -236,7 +236,7 @@ class _DistributedMixin:
             dense.append(c)
             unit.members.append((i, c, ctx, was_sparse))
         if dense:
-            unit.handle = ops.submit(Kind.ALLREDUCE, unit.name, dense, inplace=True,
+            unit.handle = requests.submit(Kind.ALLREDUCE, unit.name, dense, inplace=True,
                                      op=self._jc_op_code, prescale=self._jc_pre,
                                      postscale=self._jc_post, single=False, bump=False,
                                      process_set=self._jc_set, drive=True)
@@ -245,7 +245,7 @@ class _DistributedMixin:
 
     def _jc_finish(self, unit: _Unit) -> None:
         if unit.handle is not None:
-            ops.synchronize(unit.handle)
+            requests.synchronize(unit.handle)
         for i, c, ctx, was_sparse in unit.members:  # compressed or densified copies only
             p = self._jc_params[i]
             g = self._jc_compression.decompress(c, ctx)

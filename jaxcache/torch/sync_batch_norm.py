@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..compat.process_sets import global_process_set
-from . import ops
+from . import checks, requests, submitters
 
 _instances = itertools.count()
 
@@ -36,7 +36,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         mine = torch.cat([torch.tensor([float(count)], dtype=acc), mean, m2])
         c = x.shape[1]
         # One row per rank that contributed (after join(), only those that have not joined).
-        rows = ops.synchronize(ops.allgather_submit([mine.unsqueeze(0)], f"{name}.stats",
+        rows = requests.synchronize(submitters.allgather_submit([mine.unsqueeze(0)], f"{name}.stats",
                                                     "SyncBatchNorm", ps)).view(-1, 1 + 2 * c)
         counts, means, m2s = rows[:, :1], rows[:, 1:1 + c], rows[:, 1 + c:]
         total = counts.sum()
@@ -71,7 +71,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         grad_b = local[:xhat.shape[1]].to(weight.dtype) if affine and ctx.needs_input_grad[2] else None
         grad_x = None
         if ctx.needs_input_grad[0]:
-            sums = ops.synchronize(ops.allreduce_submit([local], "sum", f"{name}.grad_stats", 1.0, 1.0,
+            sums = requests.synchronize(submitters.allreduce_submit([local], "sum", f"{name}.grad_stats", 1.0, 1.0,
                                                         "SyncBatchNorm (backward)", False, True, ps))
             c = xhat.shape[1]
             mean_dy, mean_dy_xhat = sums[:c] / total, sums[c:] / total
@@ -112,7 +112,7 @@ class SyncBatchNorm(_BatchNorm):
         if not self.training and self.track_running_stats:
             return F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias,
                                 False, 0.0, self.eps)
-        ps = ops.set_of(self.process_set, "SyncBatchNorm")
+        ps = checks.set_of(self.process_set, "SyncBatchNorm")
         if ps.size == 1:
             return F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias,
                                 True, factor, self.eps)

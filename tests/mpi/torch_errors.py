@@ -12,7 +12,7 @@ from _util import COMM, done
 
 import jaxcache
 import jaxcache.torch as jct
-from jaxcache.torch import ops as tops
+from jaxcache.torch import requests as tops
 
 warnings.filterwarnings("ignore", message="ComplexHalf")
 # DistributedOptimizer checks its arguments before it needs the runtime, as Horovod does.

@@ -8,7 +8,7 @@ from _util import COMM, done, same_on_all_ranks
 
 import jaxcache.torch as jct
 from jaxcache._ext import ext
-from jaxcache.torch import ops as tops
+from jaxcache.torch import requests as tops
 
 jct.init()
 RANK, SIZE = jct.rank(), jct.size()

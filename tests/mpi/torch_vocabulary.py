@@ -15,7 +15,7 @@ import torch
 from _util import COMM, done, same_on_all_ranks
 
 import jaxcache.torch as jct
-from jaxcache.torch import ops as tops
+from jaxcache.torch import requests as tops
 
 jct.init()
 RANK, SIZE = jct.rank(), jct.size()
