@@ -93,7 +93,16 @@ Task<CycleOutcome> Controller::Cycle(CycleIntent intent) {
   ++stats_.cycles;
   timeline_.Cycle(stats_.cycles);
   join_.ReleaseStandIns();  // the previous cycle's work has been executed
+  CycleOutcome out;
+  co_await ExchangeBits();
+  co_await Settle(&out);
+  stats_.AddNegotiation(Since(cycle_start_));
+  co_return out;
+}
 
+// This rank's ready bits (and small cached data) and flags, combined with
+// every rank's in the cycle's one allreduce; bits_ then holds the result.
+Task<> Controller::ExchangeBits() {
   const std::size_t cap = cache_.capacity();
   bits_ = message_.Prepare((cap + kNumFlags + 63) / 64);
   for (const auto& [bit, req] : cached_) {  // ascending bits, as the message wants them
@@ -105,6 +114,14 @@ Task<CycleOutcome> Controller::Cycle(CycleIntent intent) {
   if (joined_here_)
     for (uint32_t b = 0; b < cap; ++b)
       if (cache_.Occupied(b)) SetBit(bits_, b);
+  PostFlags(cap);
+  ++stats_.bitvector_syncs;
+  co_await comm_.CycleAllreduce(message_.data(), message_.mutable_bytes(), message_.max_bytes(),
+                                combine_);
+  message_.Finish();
+}
+
+void Controller::PostFlags(std::size_t cap) {
   bool stall_report = false, stall_shutdown = false;
   if (HasPending() && cycle_start_ - last_stall_scan_ > std::chrono::milliseconds(200)) {
     last_stall_scan_ = cycle_start_;
@@ -112,89 +129,116 @@ Task<CycleOutcome> Controller::Cycle(CycleIntent intent) {
     stall_report = stall_.WantsReport(oldest, cycle_start_);
     stall_shutdown = stall_.WantsShutdown(oldest, cycle_start_);
   }
-  const bool local[kNumFlags] = {intent.shutdown_requested, intent.shutdown_forced,
-                                 !unsent_.empty(),          !invalid_.empty(),
-                                 stall_report,              stall_shutdown,
-                                 HasFault(),                joined_here_};
+  const bool local[kNumFlags] = {intent_.shutdown_requested, intent_.shutdown_forced,
+                                 !unsent_.empty(),           !invalid_.empty(),
+                                 stall_report,               stall_shutdown,
+                                 HasFault(),                 joined_here_};
   for (int f = 0; f < kNumFlags; ++f)
     if (local[f] == (f == kShutdownRequested)) SetBit(bits_, cap + f);
-  ++stats_.bitvector_syncs;
-  co_await comm_.CycleAllreduce(message_.data(), message_.mutable_bytes(), message_.max_bytes(),
-                                combine_);
-  message_.Finish();
+}
 
-  CycleOutcome out;
-  uint64_t* bits = bits_;
-  auto any = [&](Flag f) { return !GetBit(bits, cap + f); };
+bool Controller::SomeRank(Flag f) const { return !GetBit(bits_, cache_.capacity() + f); }
+bool Controller::EveryRank(Flag f) const { return GetBit(bits_, cache_.capacity() + f); }
 
-  if (any(kShutdownForced) || GetBit(bits, cap + kShutdownRequested)) {
-    co_await Shutdown(any(kShutdownForced), intent_.shutdown_requested, &out);
-    stats_.AddNegotiation(Since(cycle_start_));
-    co_return out;
+// What the combined bits decide, in the same order on every rank.
+Task<> Controller::Settle(CycleOutcome* out) {
+  if (SomeRank(kShutdownForced) || EveryRank(kShutdownRequested)) {
+    co_await Shutdown(SomeRank(kShutdownForced), intent_.shutdown_requested, out);
+    co_return;
   }
-  if (any(kFault) || any(kStallShutdown)) {
-    co_await CancelRound(any(kFault) ? CancelCause::kFault : CancelCause::kStall);
-    out.progress = true;
-    stats_.AddNegotiation(Since(cycle_start_));
-    co_return out;
+  if (SomeRank(kFault) || SomeRank(kStallShutdown)) {
+    co_await CancelRound(SomeRank(kFault) ? CancelCause::kFault : CancelCause::kStall);
+    out->progress = true;
+    co_return;
   }
+  FailRejected(out);  // after the cancel round, which fails them with everything else
+  const bool all_joined = co_await SyncJoins(out);
+  if (all_joined) co_return;
+  if (SomeRank(kInvalid)) co_await SyncInvalidations();
+  if (joined_here_) StandInForHits(out);
+  TakeHits(out);
+  // New joiners may complete submissions that rank 0 holds: it rescans them.
+  bool completed = true;
+  if (SomeRank(kUncached) || join_.grew()) completed = co_await CoordinatorRound(out, joined_here_);
+  if (!completed) {
+    // Some rank could not complete the round: nothing decided in this cycle
+    // may run anywhere. The cancel round fails it all, on every rank alike.
+    out->done.clear();
+    out->work.clear();
+    out->failed.clear();
+    co_await CancelRound(CancelCause::kFault);
+    out->progress = true;
+    co_return;
+  }
+  if (SomeRank(kStallReport)) co_await StallReport();
+  out->progress = !out->work.empty() || !out->failed.empty() || !out->done.empty();
+}
 
-  // (After the cancel round, which fails them with everything else.)
+void Controller::FailRejected(CycleOutcome* out) {
   for (Request* req : rejected_)
-    out.failed.emplace_back(
+    out->failed.emplace_back(
         req, Status::Error(ErrorKind::kInvalidArgument,
                            "jaxcache: '" + req->name + "' was submitted on rank " +
                                std::to_string(comm_.rank()) +
                                " after its join(); a rank that has joined takes part in the other "
                                "ranks' collectives by itself until every rank has joined"));
   rejected_.clear();
+}
 
-  if (any(kJoined)) {
+// The ranks OR their joined masks when some rank has joined. True when every
+// rank has: every join() completes now and the cycle ends.
+Task<bool> Controller::SyncJoins(CycleOutcome* out) {
+  if (SomeRank(kJoined)) {
     auto mask = join_.Mask(joined_here_);
     co_await comm_.Allreduce(mask.data(), static_cast<int>(mask.size()), MPI_BOR);
     join_.Update(mask.data());
   } else if (join_.any()) {
     join_.Update(nullptr);
   }
-  if (join_.all()) {
-    // A rank joins only when nothing else is pending on it, so nothing is
-    // pending anywhere and the bits are no hits: every join() completes now.
-    out.work.push_back(join_.Finish());
-    out.progress = true;
-    stats_.AddNegotiation(Since(cycle_start_));
-    co_return out;
-  }
+  if (!join_.all()) co_return false;
+  // A rank joins only when nothing else is pending on it, so nothing is
+  // pending anywhere and the bits are no hits.
+  out->work.push_back(join_.Finish());
+  out->progress = true;
+  co_return true;
+}
 
-  if (any(kInvalid)) {
-    std::vector<uint64_t> inv((cap + 63) / 64, 0);
-    for (uint32_t b : invalid_) SetBit(inv.data(), b);
-    invalid_.clear();
-    co_await comm_.Allreduce(inv.data(), static_cast<int>(inv.size()), MPI_BOR);
-    for (uint32_t b = 0; b < cap; ++b) {
-      if (!GetBit(inv.data(), b)) continue;
-      bits[b / 64] &= ~(1ull << (b % 64));  // an invalidated entry is no hit
-      MoveToUncached(b);
-      EraseFromCache(b);
-      ++stats_.cache_invalidations;
-    }
-    PublishLayout();
+// Entries that some rank invalidated leave every rank's cache; their bits are no hits.
+Task<> Controller::SyncInvalidations() {
+  const std::size_t cap = cache_.capacity();
+  std::vector<uint64_t> inv((cap + 63) / 64, 0);
+  for (uint32_t b : invalid_) SetBit(inv.data(), b);
+  invalid_.clear();
+  co_await comm_.Allreduce(inv.data(), static_cast<int>(inv.size()), MPI_BOR);
+  for (uint32_t b = 0; b < cap; ++b) {
+    if (!GetBit(inv.data(), b)) continue;
+    bits_[b / 64] &= ~(1ull << (b % 64));
+    MoveToUncached(b);
+    EraseFromCache(b);
+    ++stats_.cache_invalidations;
   }
+  PublishLayout();
+}
 
-  // Common hits, ascending bit order: identical on every rank. A hit whose
-  // entry survived was reduced inside the cycle's allreduce (every rank put its data in),
-  // unless some rank has joined: then the joined ranks' stand-ins are needed.
-  if (joined_here_) {
-    // Every surviving bit is a collective that the ranks still at work have
-    // ready; this rank takes part through a stand-in.
-    for (uint32_t b = 0; b < cap; ++b) {
-      if (!GetBit(bits, b) || !cache_.Occupied(b)) continue;
-      cache_.Touch(b);
-      ++stats_.cache_hits;
-      StandIn(cache_.NameAt(b), -1, cache_.SignatureAt(b), cache_.AgreementAt(b), &out);
-    }
+// This joined rank: every surviving bit is a collective that the ranks still
+// at work have ready; it takes part through a stand-in.
+void Controller::StandInForHits(CycleOutcome* out) {
+  for (uint32_t b = 0; b < cache_.capacity(); ++b) {
+    if (!GetBit(bits_, b) || !cache_.Occupied(b)) continue;
+    cache_.Touch(b);
+    ++stats_.cache_hits;
+    StandIn(cache_.NameAt(b), -1, cache_.SignatureAt(b), cache_.AgreementAt(b), out);
   }
+}
+
+// Common hits, ascending bit order: identical on every rank. A hit was reduced
+// inside the cycle's allreduce when every rank put its data in (no rank joined).
+void Controller::TakeHits(CycleOutcome* out) {
   for (auto it = cached_.begin(); it != cached_.end();) {
-    if (!GetBit(bits, it->first)) { ++it; continue; }
+    if (!GetBit(bits_, it->first)) {
+      ++it;
+      continue;
+    }
     const uint32_t bit = it->first;
     Request* req = it->second;
     cache_.Touch(bit);
@@ -203,30 +247,12 @@ Task<CycleOutcome> Controller::Cycle(CycleIntent intent) {
     if (!join_.any() && message_.Take(bit, *req, comm_.size())) {
       ++stats_.in_cycle_reductions;
       stats_.bytes_reduced += req->sig.NumBytes();
-      out.done.push_back(req);
+      out->done.push_back(req);
     } else {
-      Decide(req, cache_.AgreementAt(bit), &out);
+      Decide(req, cache_.AgreementAt(bit), out);
     }
     it = cached_.erase(it);
   }
-
-  // New joiners may complete submissions that rank 0 holds: it rescans them.
-  if ((any(kUncached) || join_.grew()) && !(co_await CoordinatorRound(&out, joined_here_))) {
-    // Some rank could not complete the round: nothing decided in this cycle
-    // may run anywhere. The cancel round fails it all, on every rank alike.
-    out.done.clear();
-    out.work.clear();
-    out.failed.clear();
-    co_await CancelRound(CancelCause::kFault);
-    out.progress = true;
-    stats_.AddNegotiation(Since(cycle_start_));
-    co_return out;
-  }
-  if (any(kStallReport)) co_await StallReport();
-
-  out.progress = !out.work.empty() || !out.failed.empty() || !out.done.empty();
-  stats_.AddNegotiation(Since(cycle_start_));
-  co_return out;
 }
 
 void Controller::Decide(Request* req, const std::shared_ptr<const Agreement>& agreement,

@@ -90,6 +90,19 @@ class Controller {
   };
   enum class CancelCause { kFault, kStall };
 
+  // The steps of a cycle, in order (Cycle runs them).
+  Task<> ExchangeBits();
+  void PostFlags(std::size_t cap);
+  Task<> Settle(CycleOutcome* out);
+  void FailRejected(CycleOutcome* out);
+  Task<bool> SyncJoins(CycleOutcome* out);
+  Task<> SyncInvalidations();
+  void StandInForHits(CycleOutcome* out);
+  void TakeHits(CycleOutcome* out);
+  // A flag of the combined bits: set on some rank / on every rank.
+  bool SomeRank(Flag f) const;
+  bool EveryRank(Flag f) const;
+
   void MoveToUncached(uint32_t bit);
   // Requests other than this rank's join().
   bool OtherPending() const { return !cached_.empty() || !unsent_.empty() || !sent_.empty(); }

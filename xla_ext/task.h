@@ -11,6 +11,9 @@
 // Task<T> is a lazily started coroutine: `co_await task` runs it and resumes
 // the awaiter when it finishes (symmetric transfer, no recursion on resume);
 // a root task is started and inspected by its driver through Start()/done().
+//
+// Await a Task<T> into a variable, not inside an `if` condition: GCC 12 built
+// `if (co_await t) co_return;` into an illegal instruction (SIGILL) here.
 #pragma once
 
 #include <coroutine>
