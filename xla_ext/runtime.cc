@@ -22,46 +22,6 @@ std::mutex current_mu;
 std::shared_ptr<Runtime> current;
 
 using std::chrono::microseconds;
-constexpr microseconds kMinBackoff{20};
-// Sleeps between polls grow to this, then to a tenth of the time waited. Kept
-// short: with more ranks than cores a descheduled peer answers ~1 ms late
-// (a longer cap: benchmarks/README.md, "The runtime's constants").
-constexpr microseconds kBusyMaxBackoff{100};
-constexpr microseconds kLongMaxBackoff{20000};
-// A rank waiting for its peers first polls for this long (yielding the core
-// between polls): peers usually answer within tens of microseconds, and a
-// sleep granularity of that order would otherwise double the latency.
-constexpr microseconds kBusySpin{250};
-// How much longer than JAXCACHE_INLINE_SPIN_US a submitter keeps driving its
-// request once the data is moving (a slow link: hand over after this).
-constexpr microseconds kInlineTransferGrace{1000};
-// How long a submitter polls its cycle before it starts yielding the core
-// between polls: a sched_yield costs about as much as a running peer's answer
-// (jitted 1000 x 16-float per-leaf step at 2 ranks: see benchmarks/README.md).
-// Only while this host has a core per rank: otherwise the peer may be waiting
-// for this very core, and yielding at once lets it answer.
-constexpr microseconds kInlineTightPoll{10};
-// Where ranks outnumber cores and more requests wait behind the cycle, a
-// transfer still in flight after this long is waited for by sleeping
-// kMinBackoff between polls, by the background thread alone: a thread that
-// yield-polls through a transfer of milliseconds takes the core from the
-// ranks whose turn it is (their copy-in into the fusion buffer waited in the
-// run queue many times as long as it took, /proc schedstat) and spends its own
-// scheduler credit, so it waits in turn once it has work. Short steps (the
-// cycle's messages, small data) finish before it and are still polled, and so
-// is a transfer with nothing behind it: MPI's schedule advances only when
-// polled (a large allreduce at 3 ranks was slower when slept through)
-// (benchmarks/README.md, "Figures behind the runtime's comments").
-constexpr microseconds kOversubscribedTransferPoll{200};
-// Where ranks outnumber cores, a cycle started while this rank's requests are
-// still arriving (XLA:CPU starting a step's independent collectives on its
-// threads, a backward pass's hooks) carries a few of them, and the rest take
-// more cycles, each a round of context switches between the ranks: the next
-// cycle waits until no new request has come for kBurstQuiet, at most kBurstCap
-// after the first (benchmarks/README.md, the constants table). One request at
-// a time (a dependent chain) never waits.
-constexpr microseconds kBurstQuiet{100};
-constexpr microseconds kBurstCap{2000};
 
 int UsableCores() {
   cpu_set_t set;
@@ -101,7 +61,7 @@ Runtime::Runtime(MPI_Comm comm, const Config& config)
                                          completions_, wakeup_, &abandon_);
   sets_[0] = global_;
   oversubscribed_ = global_->comm().local_size() > UsableCores();
-  if (!oversubscribed_) tight_poll_ = kInlineTightPoll;
+  if (!oversubscribed_) tight_poll_ = Pacing::kInlineTightPoll;
   if (!config_.timeline_path.empty() && global_->comm().rank() == 0 &&
       !timeline_.Open(config_.timeline_path, config_.timeline_mark_cycles)) {
     std::fprintf(stderr, "jaxcache: warning: cannot open timeline file '%s'\n",
@@ -319,8 +279,8 @@ microseconds Runtime::BurstHold(ProcessSet& set, Clock::time_point now) {
       !IntentFor(set).shutdown_requested) {
     if (auto burst = set.table().Burst(); burst && burst->count >= 2) {
       using std::chrono::duration_cast;
-      hold = std::min(kBurstQuiet - duration_cast<microseconds>(now - burst->last_submitted),
-                      kBurstCap - duration_cast<microseconds>(now - burst->first_submitted));
+      hold = std::min(Pacing::kBurstQuiet - duration_cast<microseconds>(now - burst->last_submitted),
+                      Pacing::kBurstCap - duration_cast<microseconds>(now - burst->first_submitted));
     }
   }
   if (hold.count() <= 0) {
@@ -335,7 +295,7 @@ microseconds Runtime::BurstHold(ProcessSet& set, Clock::time_point now) {
 }
 
 bool Runtime::SleepThrough(ProcessSet& set, Clock::time_point now) const {
-  return oversubscribed_ && set.transferring() && now - set.parked_since() > kOversubscribedTransferPoll &&
+  return oversubscribed_ && set.transferring() && now - set.parked_since() > Pacing::kOversubscribedTransferPoll &&
          set.table().HasActive();
 }
 
@@ -355,7 +315,7 @@ void Runtime::Drive(ProcessSet& set_ref, std::unique_lock<std::mutex>& lock,
       // way, after a wake-up.
       const auto now = Clock::now();
       if (now > deadline &&
-          !(set->transferring() && now < deadline + kInlineTransferGrace && !SleepThrough(*set, now)))
+          !(set->transferring() && now < deadline + Pacing::kInlineTransferGrace && !SleepThrough(*set, now)))
         break;
       // A peer that is running answers within microseconds: poll without a
       // system call at first; later yield, in case the peer needs this core.
@@ -373,107 +333,20 @@ void Runtime::Drive(ProcessSet& set_ref, std::unique_lock<std::mutex>& lock,
 }
 
 void Runtime::Loop() {
-  const microseconds heartbeat{static_cast<int64_t>(config_.heartbeat_ms * 1000)};
-  const microseconds cycle_time{static_cast<int64_t>(config_.cycle_time_ms * 1000)};
-  microseconds backoff = kMinBackoff;
+  Pacing pacing(microseconds(static_cast<int64_t>(config_.heartbeat_ms * 1000)),
+                microseconds(static_cast<int64_t>(config_.cycle_time_ms * 1000)), Clock::now());
   uint64_t seen = wakeup_.generation();
-  auto idle_since = Clock::now();
   Status closing = Status::Error(
       ErrorKind::kShutdown,
       "jaxcache: the runtime has been shut down; call jaxcache.init() before using collectives");
   try {
     for (;;) {
-      const auto now = Clock::now();
-      const bool stopping = shutdown_requested_ || shutdown_forced_;
-      bool moved = false, transferring = false, arriving = false, all_stopped = true;
-      bool poll_transfer = false;  // some transfer is worth polling without sleeping
-      microseconds until_due = heartbeat;
-      microseconds until_held = microseconds::max();  // the end of a burst's hold
-      for (auto& set : Sets()) {
-        if (set->stopped()) {
-          if (set->id() != 0 && set->remove_requested) {  // removed: wake its remover
-            std::lock_guard<std::mutex> lock(done_mu_);
-            done_cv_.notify_all();
-          }
-          continue;
-        }
-        all_stopped = false;
-        std::unique_lock<std::mutex> lock(set->driver(), std::try_to_lock);
-        if (!lock.owns_lock()) {  // a submitter drives it right now
-          arriving = true;
-          continue;
-        }
-        if (auto hold = BurstHold(*set, now); hold.count() > 0) {
-          until_held = std::min(until_held, hold);
-          continue;
-        }
-        if (!set->cycle_in_flight()) {
-          // Start a cycle when this rank has work, when the set is stopping,
-          // or when the heartbeat is due (idle cycles carry the flags). With a
-          // cycle time, cycles keep at least that far apart and the first
-          // request of a burst waits that long for the rest to join it.
-          const auto since = std::chrono::duration_cast<microseconds>(now - set->last_cycle());
-          const bool work = set->HasWork();
-          microseconds spacing = cycle_time - since;
-          if (cycle_time.count() > 0) {
-            if (auto burst = set->table().Burst())
-              spacing = std::max(spacing, cycle_time - std::chrono::duration_cast<microseconds>(
-                                                           now - burst->first_submitted));
-          }
-          const bool spaced = cycle_time.count() == 0 || spacing.count() <= 0;
-          const bool due = stopping || set->remove_requested ||
-                           (since >= heartbeat && (!work || spaced)) ||
-                           (work && spaced && (set->last_progress() || since >= backoff));
-          if (!due) {
-            auto wait = work ? std::max(spacing, backoff - since) : heartbeat - since;
-            until_due = std::min(until_due, std::max(wait, microseconds(0)));
-            continue;
-          }
-        }
-        if (set->Advance(IntentFor(*set))) moved = true;
-        if (set->stopped()) {
-          std::lock_guard<std::mutex> lock2(done_mu_);
-          done_cv_.notify_all();
-        }
-        if (set->transferring()) {
-          transferring = true;
-          if (!SleepThrough(*set, Clock::now())) poll_transfer = true;
-        } else if (set->cycle_in_flight()) {
-          arriving = true;
-        }
-      }
-      if (all_stopped) {
+      const Sweep sweep = SweepSets(pacing);
+      if (sweep.all_stopped) {
         closing = Status::Error(ErrorKind::kShutdown, global_->closing_message());
         break;
       }
-      if (moved || transferring) {
-        // Data moving between ranks that are all here: poll without sleeping,
-        // unless every transfer is one to sleep through (SleepThrough).
-        backoff = kMinBackoff;
-        idle_since = Clock::now();
-        if (transferring && !moved && !poll_transfer) {
-          ++global_->stats().transfer_sleeps;
-          wakeup_.WaitFor(kMinBackoff, &seen);
-        } else if (transferring) {
-          std::this_thread::yield();
-        }
-        continue;
-      }
-      if (arriving && Clock::now() - idle_since < kBusySpin) {
-        std::this_thread::yield();
-        continue;
-      }
-      // Nothing moved: sleep until news, the next due cycle, or the backoff. A
-      // long wait sleeps longer (at most a tenth of the time waited so far), so
-      // a rank waiting seconds for a late peer costs next to nothing.
-      microseconds sleep = std::min(arriving ? backoff : until_due, until_held);
-      if (wakeup_.WaitFor(sleep, &seen)) {
-        backoff = kMinBackoff;
-        idle_since = Clock::now();
-      } else if (arriving) {
-        auto waited = std::chrono::duration_cast<microseconds>(Clock::now() - idle_since);
-        backoff = std::min(backoff * 2, std::clamp(waited / 10, kBusyMaxBackoff, kLongMaxBackoff));
-      }
+      Pause(sweep, pacing, &seen);
     }
   } catch (const AbandonedError&) {
     closing = Status::Error(ErrorKind::kShutdown,
@@ -487,6 +360,86 @@ void Runtime::Loop() {
   closing_message_ = closing.message;
   loop_done_ = true;
   done_cv_.notify_all();
+}
+
+Sweep Runtime::SweepSets(const Pacing& pacing) {
+  Sweep sweep = pacing.NewSweep();
+  const auto now = Clock::now();
+  const bool stopping = shutdown_requested_ || shutdown_forced_;
+  for (auto& set : Sets()) {
+    if (set->stopped()) {
+      if (set->id() != 0 && set->remove_requested) {  // removed: wake its remover
+        std::lock_guard<std::mutex> lock(done_mu_);
+        done_cv_.notify_all();
+      }
+      continue;
+    }
+    sweep.all_stopped = false;
+    std::unique_lock<std::mutex> lock(set->driver(), std::try_to_lock);
+    if (!lock.owns_lock()) {  // a submitter drives it right now
+      sweep.arriving = true;
+      continue;
+    }
+    VisitSet(*set, now, stopping, pacing, &sweep);
+  }
+  return sweep;
+}
+
+// One set in a pass: advances its cycle when one is in flight or due.
+void Runtime::VisitSet(ProcessSet& set, Clock::time_point now, bool stopping, const Pacing& pacing,
+                       Sweep* sweep) {
+  if (auto hold = BurstHold(set, now); hold.count() > 0) {
+    sweep->until_held = std::min(sweep->until_held, hold);
+    return;
+  }
+  if (!set.cycle_in_flight() && !pacing.CycleDue(TimingOf(set, now, stopping, pacing), sweep)) return;
+  if (set.Advance(IntentFor(set))) sweep->moved = true;
+  if (set.stopped()) {
+    std::lock_guard<std::mutex> lock(done_mu_);
+    done_cv_.notify_all();
+  }
+  if (set.transferring()) {
+    sweep->transferring = true;
+    if (!SleepThrough(set, Clock::now())) sweep->poll_transfer = true;
+  } else if (set.cycle_in_flight()) {
+    sweep->arriving = true;
+  }
+}
+
+CycleTiming Runtime::TimingOf(ProcessSet& set, Clock::time_point now, bool stopping,
+                              const Pacing& pacing) {
+  using std::chrono::duration_cast;
+  CycleTiming t;
+  t.since_last_cycle = duration_cast<microseconds>(now - set.last_cycle());
+  t.work = set.HasWork();
+  t.last_progress = set.last_progress();
+  t.must = stopping || set.remove_requested;
+  if (pacing.has_cycle_time())
+    if (auto burst = set.table().Burst()) t.burst_age = duration_cast<microseconds>(now - burst->first_submitted);
+  return t;
+}
+
+// After a pass: poll again at once while data moves, keep polling a while when
+// peers are expected, otherwise sleep until news, the next due cycle, or the backoff.
+void Runtime::Pause(const Sweep& sweep, Pacing& pacing, uint64_t* seen) {
+  if (sweep.moved || sweep.transferring) {
+    pacing.Moved(Clock::now());
+    // Data moving between ranks that are all here: poll without sleeping,
+    // unless every transfer is one to sleep through (SleepThrough).
+    if (sweep.transferring && !sweep.moved && !sweep.poll_transfer) {
+      ++global_->stats().transfer_sleeps;
+      wakeup_.WaitFor(Pacing::kMinBackoff, seen);
+    } else if (sweep.transferring) {
+      std::this_thread::yield();
+    }
+    return;
+  }
+  if (sweep.arriving && pacing.KeepPolling(Clock::now())) {
+    std::this_thread::yield();
+    return;
+  }
+  const bool woken = wakeup_.WaitFor(pacing.SleepFor(sweep), seen);
+  pacing.Slept(woken, sweep.arriving, Clock::now());
 }
 
 }  // namespace jaxcache

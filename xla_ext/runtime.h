@@ -18,6 +18,7 @@
 #include "completion_queue.h"
 #include "config.h"
 #include "fault_injection.h"
+#include "pacing.h"
 #include "point_to_point.h"
 #include "process_set.h"
 #include "request_table.h"
@@ -85,6 +86,11 @@ class Runtime {
  private:
   Runtime(MPI_Comm comm, const Config& config);
   void Loop();
+  // The loop's steps: one pass over the sets, one set, and the pause after a pass.
+  Sweep SweepSets(const Pacing& pacing);
+  void VisitSet(ProcessSet& set, Clock::time_point now, bool stopping, const Pacing& pacing, Sweep* sweep);
+  CycleTiming TimingOf(ProcessSet& set, Clock::time_point now, bool stopping, const Pacing& pacing);
+  void Pause(const Sweep& sweep, Pacing& pacing, uint64_t* seen);
   // The sets as they are now (the loop works on a snapshot).
   std::vector<std::shared_ptr<ProcessSet>> Sets() const;
   CycleIntent IntentFor(const ProcessSet& set) const;
