@@ -365,22 +365,32 @@ Task<bool> Controller::CoordinatorRound(CycleOutcome* out, bool joined_here) {
 
   // Decode without side effects; apply only once every rank has decoded.
   std::vector<Response> responses;
-  if (fault.empty()) {
-    try {
-      if (comm_.rank() != 0 && faults_.Fire(FaultPoint::kDecode))
-        throw InjectedFault("decoding the response message (injected fault)");
-      Reader rd(response_bytes.data(), response_bytes.size());
-      if (rd.U8() != 1) throw InjectedFault("rank 0 could not decide (see its error)");
-      while (!rd.done()) responses.push_back(ReadResponse(rd));
-    } catch (const std::exception& e) {
-      fault = e.what();
-    }
-  }
+  if (fault.empty()) responses = DecodeResponses(response_bytes, &fault);
   int ok = fault.empty() ? 1 : 0;
   co_await comm_.AllreduceInt(&ok, MPI_MIN);  // the commit
   if (!fault.empty()) ReportFault("rank " + std::to_string(comm_.rank()) + ": " + fault);
   if (!ok) co_return false;
+  ApplyResponses(responses, joined_here, out);
+  co_return true;
+}
 
+std::vector<Response> Controller::DecodeResponses(const std::vector<char>& bytes, std::string* fault) {
+  std::vector<Response> responses;
+  try {
+    if (comm_.rank() != 0 && faults_.Fire(FaultPoint::kDecode))
+      throw InjectedFault("decoding the response message (injected fault)");
+    Reader rd(bytes.data(), bytes.size());
+    if (rd.U8() != 1) throw InjectedFault("rank 0 could not decide (see its error)");
+    while (!rd.done()) responses.push_back(ReadResponse(rd));
+  } catch (const std::exception& e) {
+    *fault = e.what();
+  }
+  return responses;
+}
+
+// Every rank caches the same responses (its own signature where it has one)
+// and decides, fails or stands in for each.
+void Controller::ApplyResponses(std::vector<Response>& responses, bool joined_here, CycleOutcome* out) {
   bool cache_changed = false;
   for (Response& resp : responses) {
     Request* req = nullptr;
@@ -391,7 +401,6 @@ Task<bool> Controller::CoordinatorRound(CycleOutcome* out, bool joined_here) {
     } else if (!joined_here) {
       continue;  // not decided without this rank's request
     }
-    // Every rank caches the same responses (its own signature where it has one).
     const bool runs = resp.status.ok() &&
                       (!join_.any() || join_.Conflict(resp.name, resp.sig, resp.agreement.get()).ok());
     if (runs && cache_.capacity()) {
@@ -411,7 +420,6 @@ Task<bool> Controller::CoordinatorRound(CycleOutcome* out, bool joined_here) {
     Decide(req, resp.agreement, out);
   }
   if (cache_changed) PublishLayout();
-  co_return true;
 }
 
 void Controller::EraseFromCache(uint32_t bit) {

@@ -114,6 +114,10 @@ class Controller {
                const std::shared_ptr<const Agreement>& agreement, CycleOutcome* out);
   // False when some rank failed to complete the round (the commit said so).
   Task<bool> CoordinatorRound(CycleOutcome* out, bool joined_here);
+  // Its steps after the broadcast: decoding (no side effects; a failure goes to
+  // *fault) and, once every rank has decoded, applying the responses.
+  std::vector<Response> DecodeResponses(const std::vector<char>& bytes, std::string* fault);
+  void ApplyResponses(std::vector<Response>& responses, bool joined_here, CycleOutcome* out);
   // Rank 0: matches the gathered requests; returns the response message.
   std::vector<char> MatchRequests(const std::vector<std::vector<char>>& gathered);
   void InsertIntoCache(const std::string& name, const Signature& sig,
