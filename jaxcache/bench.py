@@ -528,23 +528,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     for m, why in skipped.items():
         say(f"# {m}: skipped ({why})", file=sys.stderr)
     methods = [m for m in args.methods if m not in skipped]
-    rows: list[dict] = []
-    collective_rows: list[dict] = []
     try:
-        for total in args.sizes:
-            for n in args.tensors:
-                say(f"# {n} tensors, {fmt_bytes(total)}", file=sys.stderr)
-                rows += run_point(methods, n, total, mods, args)
-                gc.collect()
-        for kind in args.collectives:
-            for total in args.sizes:
-                say(f"# {kind}, {fmt_bytes(total)} per rank", file=sys.stderr)
-                for r in run_point(collective_methods(kind, methods), 1, total, mods, args, kind=kind):
-                    del r["tensors"]
-                    collective_rows.append({"collective": kind, **r})
-                gc.collect()
+        rows, collective_rows = measure(methods, mods, args)
     finally:
         stop_modules(mods)
+    add_ratios(rows, collective_rows)
+    if COMM.rank == 0:
+        write_report(args, methods, rows, collective_rows, skipped, time.perf_counter() - t_start)
+    return 0
+
+
+def measure(methods: list[str], mods: dict, args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
+    """Every point of the sweep: (grouped allreduce rows, one-tensor collective rows)."""
+    rows: list[dict] = []
+    collective_rows: list[dict] = []
+    for total in args.sizes:
+        for n in args.tensors:
+            say(f"# {n} tensors, {fmt_bytes(total)}", file=sys.stderr)
+            rows += run_point(methods, n, total, mods, args)
+            gc.collect()
+    for kind in args.collectives:
+        for total in args.sizes:
+            say(f"# {kind}, {fmt_bytes(total)} per rank", file=sys.stderr)
+            for r in run_point(collective_methods(kind, methods), 1, total, mods, args, kind=kind):
+                del r["tensors"]
+                collective_rows.append({"collective": kind, **r})
+            gc.collect()
+    return rows, collective_rows
+
+
+def add_ratios(rows: list[dict], collective_rows: list[dict]) -> None:
+    """vs_mpi_best and vs_floor_mpi per row; vs_mpi4py per collective row."""
     for r in rows:
         same = {b["method"]: b.get("median_ms") for b in rows
                 if b["tensors"] == r["tensors"] and b["bytes"] == r["bytes"]}
@@ -558,9 +572,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         base = next((b.get("median_ms") for b in collective_rows if b["method"] == "mpi4py"
                      and b["collective"] == r["collective"] and b["bytes"] == r["bytes"]), None)
         r["vs_mpi4py"] = r["median_ms"] / base if base and r.get("median_ms") else None
-    elapsed = time.perf_counter() - t_start
-    if COMM.rank != 0:
-        return 0
+
+
+def write_report(args: argparse.Namespace, methods: list[str], rows: list[dict], collective_rows: list[dict],
+                 skipped: dict, elapsed: float) -> None:
+    """Rank 0: bench.md, bench.json and bench.png under --out, and the table on stdout."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     columns = ["tensors", "size", "method", "median_ms", "p10_ms", "p90_ms", "vs_mpi_best",
@@ -589,7 +605,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"note: {why}", flush=True)
     print(f"wrote {out / 'bench.md'}, {out / 'bench.json'}" + ("" if why else f", {out / 'bench.png'}")
           + f" in {elapsed:.0f} s", flush=True)
-    return 0
 
 
 if __name__ == "__main__":

@@ -53,6 +53,39 @@ class _DistributedMixin:
     def _jc_setup(self, named_parameters, compression, backward_passes_per_step, op,
                   gradient_predivide_factor, groups, sparse_as_dense, process_set, name_prefix):
         fn = "DistributedOptimizer"
+        pre, post = self._jc_arguments(compression, backward_passes_per_step, op, gradient_predivide_factor,
+                                       sparse_as_dense, process_set, name_prefix, fn)
+        all_params = [p for group in self.param_groups for p in group["params"]]
+        names = self._jc_names(all_params, named_parameters, fn)
+        # Horovod's attribute, which user code reads: {parameter: name}.
+        self._parameter_names = {p: names[id(p)] for p in all_params}
+        params = [p for p in all_params if p.requires_grad]
+        for p in params:
+            what = f"parameter {names[id(p)]!r}"
+            checks.check_tensor(p, fn, what)
+            checks.check_reduction(p, self._jc_op, pre, post, fn, what)
+        self._jc_params = params
+        self._jc_param_names = [names[id(p)] for p in params]
+        self._jc_units = self._jc_build_units(params, groups, names, name_prefix, fn)
+        self._jc_unit_of = [None] * len(params)
+        for u in self._jc_units:
+            for i in u.indices:
+                self._jc_unit_of[i] = u
+        self._jc_counts = [0] * len(params)
+        self._jc_pending: list[_Unit] = []
+        self._jc_synced = False
+        self._jc_skip_sync = False
+        self._jc_op_code, self._jc_pre, self._jc_post = checks.reduce_args(self._jc_op, pre, post)
+        self._jc_hooks = []
+        if not self._jc_member:
+            return
+        self._jc_agree_layout(name_prefix, fn, process_set)
+        self._jc_hooks = [p.register_post_accumulate_grad_hook(self._jc_make_hook(i))
+                          for i, p in enumerate(params)]
+
+    def _jc_arguments(self, compression, backward_passes_per_step, op, gradient_predivide_factor,
+                      sparse_as_dense, process_set, name_prefix, fn) -> tuple[float, float]:
+        """Checks and keeps the optimizer's arguments; returns the (prescale, postscale)."""
         # Horovod's rule: on a rank outside the process set the optimizer reduces nothing.
         self._jc_set = process_sets.resolve(process_set, f"torch.{fn}", member=False)
         self._jc_member = self._jc_set.rank >= 0
@@ -72,52 +105,29 @@ class _DistributedMixin:
         self._jc_sparse_as_dense = bool(sparse_as_dense)
         self.op, self.gradient_predivide_factor = op, gradient_predivide_factor
         self.sparse_as_dense, self.process_set = bool(sparse_as_dense), process_set
+        return pre, post
 
-        all_params = [p for group in self.param_groups for p in group["params"]]
-        names = self._jc_names(all_params, named_parameters, fn)
-        # Horovod's attribute, which user code reads: {parameter: name}.
-        self._parameter_names = {p: names[id(p)] for p in all_params}
-        params = [p for p in all_params if p.requires_grad]
-        for p in params:
-            what = f"parameter {names[id(p)]!r}"
-            checks.check_tensor(p, fn, what)
-            checks.check_reduction(p, self._jc_op, pre, post, fn, what)
-        self._jc_params = params
-        self._jc_param_names = [names[id(p)] for p in params]
+    def _jc_build_units(self, params, groups, names, name_prefix, fn) -> list["_Unit"]:
+        """One request per group, then one per parameter left outside every group."""
         index_of = {id(p): i for i, p in enumerate(params)}
-        units = []
-        for gi, members in enumerate(self._jc_groups(params, groups, index_of, names, fn)):
-            units.append(_Unit(f"torch.{name_prefix}/group{gi}", members))
+        units = [_Unit(f"torch.{name_prefix}/group{gi}", members)
+                 for gi, members in enumerate(self._jc_groups(params, groups, index_of, names, fn))]
         grouped = {i for u in units for i in u.indices}
-        for i, p in enumerate(params):
-            if i not in grouped:
-                units.append(_Unit(f"torch.{name_prefix}/{self._jc_param_names[i]}", [i]))
-        self._jc_units = units
-        self._jc_unit_of = [None] * len(params)
-        for u in units:
-            for i in u.indices:
-                self._jc_unit_of[i] = u
-        self._jc_counts = [0] * len(params)
-        self._jc_pending: list[_Unit] = []
-        self._jc_synced = False
-        self._jc_skip_sync = False
-        self._jc_op_code, self._jc_pre, self._jc_post = checks.reduce_args(self._jc_op, pre, post)
+        units += [_Unit(f"torch.{name_prefix}/{self._jc_param_names[i]}", [i])
+                  for i in range(len(params)) if i not in grouped]
+        return units
 
-        self._jc_hooks = []
-        if not self._jc_member:
-            return
-        # Every rank must build the same requests: check once, fail on every rank if not.
+    def _jc_agree_layout(self, name_prefix, fn, process_set) -> None:
+        """Every rank must build the same requests: checked once, failing on every rank if not."""
+        params = self._jc_params
         layout = sorted(
             u.name + "=" + ",".join(f"{self._jc_param_names[i]}{tuple(params[i].shape)}"
                                     f"{str(params[i].dtype).replace('torch.', '')}" for i in u.indices)
-            for u in units
+            for u in self._jc_units
         )
         agree(f"{name_prefix}.layout", layout, fn,
               "the parameters to synchronize (names, shapes, dtypes, groups); build the model, the "
               "optimizer and named_parameters identically on every rank", process_set)
-
-        self._jc_hooks = [p.register_post_accumulate_grad_hook(self._jc_make_hook(i))
-                          for i, p in enumerate(params)]
 
     @staticmethod
     def _jc_names(all_params, named_parameters, fn) -> dict[int, str]:
