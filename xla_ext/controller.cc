@@ -281,55 +281,18 @@ void Controller::StandIn(const std::string& name, int64_t seq, const Signature& 
   Decide(join_.StandIn(name, sig), agreement, out);
 }
 
-namespace {
-void WriteResponse(Writer& w, const Response& resp) {
-  w.Str(resp.name);
-  w.I64(static_cast<int64_t>(resp.seq));
-  w.U8(static_cast<uint8_t>(resp.status.kind));
-  w.Str(resp.status.message);
-  w.Sig(resp.sig);
-  w.U8(resp.agreement ? 1 : 0);
-  if (resp.agreement) {
-    w.U8(resp.agreement->static_shapes ? 1 : 0);
-    w.U32(static_cast<uint32_t>(resp.agreement->rows.size()));
-    for (int64_t v : resp.agreement->rows) w.I64(v);
-  }
-}
-
-Response ReadResponse(Reader& rd) {
-  Response resp;
-  resp.name = rd.Str();
-  resp.seq = static_cast<uint64_t>(rd.I64());
-  resp.status.kind = static_cast<ErrorKind>(rd.U8());
-  resp.status.message = rd.Str();
-  resp.sig = rd.Sig();
-  if (rd.U8()) {
-    auto agreement = std::make_shared<Agreement>();
-    agreement->static_shapes = rd.U8() != 0;
-    uint32_t n = rd.U32();
-    if (n > rd.remaining() / sizeof(int64_t)) throw std::runtime_error("jaxcache: truncated control message");
-    agreement->rows.resize(n);
-    for (auto& v : agreement->rows) v = rd.I64();
-    resp.agreement = std::move(agreement);
-  }
-  return resp;
-}
-}  // namespace
-
 std::vector<char> Controller::MatchRequests(const std::vector<std::vector<char>>& gathered) {
   if (faults_.Fire(FaultPoint::kDecode)) throw InjectedFault("decoding a request message (injected fault)");
   Writer rw;
-  rw.U8(1);  // decided normally
+  rw.U8(kDecided);
   for (const Response& resp : messages_.SetJoined(join_.joined())) WriteResponse(rw, resp);
   for (int r = 0; r < comm_.size(); ++r) {
     Reader rd(gathered[r].data(), gathered[r].size());
     while (!rd.done()) {
-      std::string name = rd.Str();
-      uint64_t seq = static_cast<uint64_t>(rd.I64());
-      Signature sig = rd.Sig();
-      timeline_.NegotiateBegin(name, "coordinator");
-      timeline_.Instant(name, "rank " + std::to_string(r) + " ready");
-      if (auto resp = messages_.Add(r, name, seq, sig)) {
+      RequestEntry e = ReadRequestEntry(rd);
+      timeline_.NegotiateBegin(e.name, "coordinator");
+      timeline_.Instant(e.name, "rank " + std::to_string(r) + " ready");
+      if (auto resp = messages_.Add(r, e.name, e.seq, e.sig)) {
         if (!resp->status.ok()) resp->status.message += scope_;
         WriteResponse(rw, *resp);
       }
@@ -343,9 +306,7 @@ Task<bool> Controller::CoordinatorRound(CycleOutcome* out, bool joined_here) {
   std::string fault;
   Writer w;
   for (Request* req : unsent_) {
-    w.Str(req->name);
-    w.I64(static_cast<int64_t>(req->seq));
-    w.Sig(req->sig);
+    WriteRequestEntry(w, req->name, req->seq, req->sig);
     sent_[req->name] = req;
   }
   unsent_.clear();
@@ -358,7 +319,7 @@ Task<bool> Controller::CoordinatorRound(CycleOutcome* out, bool joined_here) {
       response_bytes = MatchRequests(gathered);
     } catch (const std::exception& e) {
       if (fault.empty()) fault = e.what();
-      response_bytes.assign(1, 0);  // "no decision": every rank still takes part in the bcast
+      response_bytes.assign(1, kUndecided);
     }
   }
   co_await comm_.BroadcastBytes(&response_bytes);
@@ -380,7 +341,7 @@ std::vector<Response> Controller::DecodeResponses(const std::vector<char>& bytes
     if (comm_.rank() != 0 && faults_.Fire(FaultPoint::kDecode))
       throw InjectedFault("decoding the response message (injected fault)");
     Reader rd(bytes.data(), bytes.size());
-    if (rd.U8() != 1) throw InjectedFault("rank 0 could not decide (see its error)");
+    if (rd.U8() != kDecided) throw InjectedFault("rank 0 could not decide (see its error)");
     while (!rd.done()) responses.push_back(ReadResponse(rd));
   } catch (const std::exception& e) {
     *fault = e.what();
@@ -470,72 +431,18 @@ Task<> Controller::Shutdown(bool forced, bool requested_here, CycleOutcome* out)
 
 Task<> Controller::CancelRound(CancelCause cause) {
   ++stats_.cancellations;
-  std::string mine;
+  CancelReport mine;
   {
     std::lock_guard<std::mutex> lock(fault_mu_);
-    mine.swap(fault_);
+    mine.fault.swap(fault_);
   }
-  Writer w;
-  w.Str(mine);
-  auto pending = table_.Pending();
-  w.U32(static_cast<uint32_t>(pending.size()));
-  for (const auto& [name, seq] : pending) {
-    w.Str(name);
-    w.I64(static_cast<int64_t>(seq));
-  }
-  auto gathered = co_await comm_.GatherBytes(w.buffer());
-
-  std::vector<char> decision;
-  if (comm_.rank() == 0) {
-    std::map<std::string, uint64_t> upto;
-    std::vector<std::vector<std::string>> names_by_rank(comm_.size());
-    std::string faults;
-    for (int r = 0; r < comm_.size(); ++r) {
-      Reader rd(gathered[r].data(), gathered[r].size());
-      std::string fault = rd.Str();
-      if (!fault.empty()) faults += (faults.empty() ? "" : "; ") + fault;
-      uint32_t n = rd.U32();
-      for (uint32_t i = 0; i < n; ++i) {
-        std::string name = rd.Str();
-        uint64_t seq = static_cast<uint64_t>(rd.I64());
-        auto [it, fresh] = upto.emplace(name, seq);
-        if (!fresh) it->second = std::max(it->second, seq);
-        names_by_rank[r].push_back(std::move(name));
-      }
-    }
-    Status why;
-    if (cause == CancelCause::kStall) {
-      why = Status::Error(ErrorKind::kStall,
-                          StallInspector::Report(names_by_rank, config_.stall_shutdown_s, true) + scope_);
-      std::fprintf(stderr, "%s\n", why.message.c_str());
-    } else {
-      why = Status::Error(ErrorKind::kInternal,
-                          "jaxcache: a failure inside the runtime (" + faults +
-                              ") cancelled every pending collective on every rank; the runtime "
-                              "keeps working");
-    }
-    Writer dw;
-    dw.U8(static_cast<uint8_t>(why.kind));
-    dw.Str(why.message);
-    dw.U32(static_cast<uint32_t>(upto.size()));
-    for (const auto& [name, seq] : upto) {
-      dw.Str(name);
-      dw.I64(static_cast<int64_t>(seq));
-    }
-    decision = std::move(dw.buffer());
-  }
-  co_await comm_.BroadcastBytes(&decision);
-
-  Reader rd(decision.data(), decision.size());
-  Status why;
-  why.kind = static_cast<ErrorKind>(rd.U8());
-  why.message = rd.Str();
-  std::map<std::string, uint64_t> upto;
-  uint32_t n = rd.U32();
-  for (uint32_t i = 0; i < n; ++i) {
-    std::string name = rd.Str();
-    upto[name] = static_cast<uint64_t>(rd.I64());
-  }
+  mine.pending = table_.Pending();
+  const std::vector<char> report = EncodeCancelReport(mine);
+  auto gathered = co_await comm_.GatherBytes(report);
+  std::vector<char> bytes;
+  if (comm_.rank() == 0) bytes = EncodeCancelDecision(DecideCancel(gathered, cause));
+  co_await comm_.BroadcastBytes(&bytes);
+  const CancelDecision decision = DecodeCancelDecision(bytes);
   if (cause == CancelCause::kStall) {
     ++stats_.stall_warnings;
     stall_.Reported(Clock::now());
@@ -543,7 +450,35 @@ Task<> Controller::CancelRound(CancelCause cause) {
   // Caches, rank 0's table and every reference to a pending request start
   // over on every rank at this same point of the protocol.
   Reset();
-  table_.Cancel(upto, why);
+  table_.Cancel(decision.upto, decision.why);
+}
+
+// Rank 0: every request pending on some rank is cancelled up to its latest
+// submission, with the stall report or the ranks' faults as the reason.
+CancelDecision Controller::DecideCancel(const std::vector<std::vector<char>>& gathered, CancelCause cause) {
+  CancelDecision decision;
+  std::vector<std::vector<std::string>> names_by_rank(comm_.size());
+  std::string faults;
+  for (int r = 0; r < comm_.size(); ++r) {
+    CancelReport report = DecodeCancelReport(gathered[r]);
+    if (!report.fault.empty()) faults += (faults.empty() ? "" : "; ") + report.fault;
+    for (auto& [name, seq] : report.pending) {
+      auto [it, fresh] = decision.upto.emplace(name, seq);
+      if (!fresh) it->second = std::max(it->second, seq);
+      names_by_rank[r].push_back(std::move(name));
+    }
+  }
+  if (cause == CancelCause::kStall) {
+    decision.why = Status::Error(
+        ErrorKind::kStall, StallInspector::Report(names_by_rank, config_.stall_shutdown_s, true) + scope_);
+    std::fprintf(stderr, "%s\n", decision.why.message.c_str());
+  } else {
+    decision.why = Status::Error(ErrorKind::kInternal,
+                                 "jaxcache: a failure inside the runtime (" + faults +
+                                     ") cancelled every pending collective on every rank; the runtime "
+                                     "keeps working");
+  }
+  return decision;
 }
 
 void Controller::Reset() {

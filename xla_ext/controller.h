@@ -29,6 +29,7 @@
 
 #include "comm.h"
 #include "config.h"
+#include "control_messages.h"
 #include "cycle_message.h"
 #include "fault_injection.h"
 #include "join_state.h"
@@ -125,6 +126,7 @@ class Controller {
   void EraseFromCache(uint32_t bit);
   Task<> Shutdown(bool forced, bool requested_here, CycleOutcome* out);
   Task<> CancelRound(CancelCause cause);
+  CancelDecision DecideCancel(const std::vector<std::vector<char>>& gathered, CancelCause cause);
   Task<> StallReport();
   void Reset();
   // Forgets every request this controller holds (the owner, RequestTable, keeps them).
