@@ -138,12 +138,33 @@ Task<std::string> Operations::Execute(const std::vector<Request*>& work, Complet
 }
 
 Task<> Operations::Allreduce(std::vector<Job>& jobs, const std::vector<std::size_t>& which) {
-  // Plan: small tensors go to fusion buckets keyed by (dtype, op, scales) in
-  // order of first appearance; large ones are reduced directly from the
-  // input into the output, which costs no copy at all.
+  AllreducePlan plan = PlanAllreduce(jobs, which);
+  // Zero-size requests are complete already.
+  for (std::size_t ti : which)
+    if (jobs[ti].remaining == 0) {
+      jobs[ti].remaining = 1;
+      Done(jobs[ti]);
+    }
+  for (const auto& chunk : plan.chunks) {
+    std::vector<std::size_t> touched;
+    for (const Item& it : chunk)
+      if (touched.empty() || touched.back() != it.job) touched.push_back(it.job);
+    co_await Step(jobs, touched, [&]() { return FusedAllreduce(jobs, chunk); });
+    for (std::size_t ti : touched) Done(jobs[ti]);
+  }
+  for (const Item& item : plan.direct) {
+    co_await Step(jobs, std::vector<std::size_t>(1, item.job), [&]() { return DirectAllreduce(jobs[item.job], item); });
+    Done(jobs[item.job]);
+  }
+}
+
+// Small tensors go to fusion buckets keyed by (dtype, op, scales) in order of
+// first appearance; large ones are reduced directly from the input into the
+// output, which costs no copy at all. Counts each job's steps.
+Operations::AllreducePlan Operations::PlanAllreduce(std::vector<Job>& jobs, const std::vector<std::size_t>& which) {
   std::vector<FusionKey> key_order;
   std::map<FusionKey, std::vector<Item>> buckets;
-  std::vector<Item> direct;
+  AllreducePlan plan;
   for (std::size_t ti : which) {
     const Signature& sig = jobs[ti].request->sig;
     ItemsOf(jobs, ti, items_);
@@ -156,7 +177,7 @@ Task<> Operations::Allreduce(std::vector<Job>& jobs, const std::vector<std::size
       const int64_t threshold = in_place ? std::min(DirectThreshold(), kInPlaceDirectBytes) : DirectThreshold();
       if (static_cast<int64_t>(item.bytes) >= threshold) {
         ++jobs[ti].remaining;
-        direct.push_back(item);
+        plan.direct.push_back(item);
         continue;
       }
       const Scaling scaling = ScalingFor(*jobs[ti].request, item.tensor);
@@ -166,49 +187,34 @@ Task<> Operations::Allreduce(std::vector<Job>& jobs, const std::vector<std::size
       bucket.push_back(item);
     }
   }
-  // Split each bucket into chunks of at most fusion_threshold bytes (and,
-  // without group fusion, never across requests); count each task's chunks.
-  // A chunk also stays within the MPI chunk size: copied in, reduced and copied
-  // out while it is still in cache.
+  for (const FusionKey& key : key_order) AppendChunks(jobs, buckets[key], &plan.chunks);
+  return plan;
+}
+
+// Splits a bucket into chunks of at most fusion_threshold bytes (and, without
+// group fusion, never across requests); counts each job's chunks. A chunk also
+// stays within the MPI chunk size: copied in, reduced and copied out while it
+// is still in cache.
+void Operations::AppendChunks(std::vector<Job>& jobs, const std::vector<Item>& items,
+                              std::vector<std::vector<Item>>* chunks) {
   std::size_t chunk_cap = static_cast<std::size_t>(config_.fusion_threshold);
   if (config_.chunk_bytes > 0) chunk_cap = std::min(chunk_cap, static_cast<std::size_t>(config_.chunk_bytes));
-  std::vector<std::vector<Item>> chunks;
-  for (const FusionKey& key : key_order) {
-    const auto& items = buckets[key];
-    std::size_t begin = 0;
-    while (begin < items.size()) {
-      std::size_t end = begin, bytes = 0;
-      while (end < items.size() &&
-             (end == begin || (bytes + items[end].bytes <= chunk_cap &&
-                               (config_.group_fusion || items[end].job == items[begin].job)))) {
-        bytes += items[end].bytes;
-        ++end;
-      }
-      chunks.emplace_back(items.begin() + begin, items.begin() + end);
-      std::size_t last = SIZE_MAX;
-      for (const Item& it : chunks.back()) {
-        if (it.job != last) ++jobs[it.job].remaining;
-        last = it.job;
-      }
-      begin = end;
+  std::size_t begin = 0;
+  while (begin < items.size()) {
+    std::size_t end = begin, bytes = 0;
+    while (end < items.size() &&
+           (end == begin || (bytes + items[end].bytes <= chunk_cap &&
+                             (config_.group_fusion || items[end].job == items[begin].job)))) {
+      bytes += items[end].bytes;
+      ++end;
     }
-  }
-  // Zero-size requests are complete already.
-  for (std::size_t ti : which)
-    if (jobs[ti].remaining == 0) {
-      jobs[ti].remaining = 1;
-      Done(jobs[ti]);
+    chunks->emplace_back(items.begin() + begin, items.begin() + end);
+    std::size_t last = SIZE_MAX;
+    for (const Item& it : chunks->back()) {
+      if (it.job != last) ++jobs[it.job].remaining;
+      last = it.job;
     }
-  for (const auto& chunk : chunks) {
-    std::vector<std::size_t> touched;
-    for (const Item& it : chunk)
-      if (touched.empty() || touched.back() != it.job) touched.push_back(it.job);
-    co_await Step(jobs, touched, [&]() { return FusedAllreduce(jobs, chunk); });
-    for (std::size_t ti : touched) Done(jobs[ti]);
-  }
-  for (const Item& item : direct) {
-    co_await Step(jobs, std::vector<std::size_t>(1, item.job), [&]() { return DirectAllreduce(jobs[item.job], item); });
-    Done(jobs[item.job]);
+    begin = end;
   }
 }
 

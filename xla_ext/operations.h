@@ -70,6 +70,12 @@ class Operations {
   // device's block (after ReduceBlocks).
   void ItemsOf(std::vector<Job>& jobs, std::size_t job, std::vector<Item>& items);
   Task<> Allreduce(std::vector<Job>& jobs, const std::vector<std::size_t>& which);
+  struct AllreducePlan {
+    std::vector<std::vector<Item>> chunks;  // fused, each one reduction
+    std::vector<Item> direct;               // reduced on their own
+  };
+  AllreducePlan PlanAllreduce(std::vector<Job>& jobs, const std::vector<std::size_t>& which);
+  void AppendChunks(std::vector<Job>& jobs, const std::vector<Item>& items, std::vector<std::vector<Item>>* chunks);
   Task<> FusedAllreduce(std::vector<Job>& jobs, const std::vector<Item>& items);
   Task<> DirectAllreduce(Job& job, const Item& item);
   // A device's block reduced across the processes in its result buffer.
